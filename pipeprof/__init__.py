@@ -1,0 +1,14 @@
+"""pipeprof: find the bottleneck in deep-learning input pipelines.
+
+``import pipeprof`` imports no framework and no hardware library; they are imported when used.
+"""
+
+from __future__ import annotations
+
+from pipeprof.profiler import load, profile
+from pipeprof.recorder import stage
+from pipeprof.report import Report
+from pipeprof.session import Session
+
+__version__ = "0.1.0"
+__all__ = ["Report", "Session", "__version__", "load", "profile", "stage"]

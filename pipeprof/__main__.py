@@ -1,0 +1,3 @@
+from pipeprof.cli import main
+
+raise SystemExit(main())

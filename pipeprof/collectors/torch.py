@@ -1,0 +1,345 @@
+"""PyTorch DataLoader collector: stage timings from inside the worker processes.
+
+NOTE [ Worker timing transport ]
+The profiled loader is a new ``DataLoader`` built with the user's arguments (a DataLoader refuses
+to have its dataset replaced, and the user's objects are never mutated) around four picklable
+wrappers: the dataset (``load`` per sample), its transforms (one stage each, see
+torch_transforms.py), ``collate_fn`` and ``worker_init_fn``. The collate wrapper runs last in a
+worker for every batch: it drains the worker's recorder and returns ``Carrier(batch, records)``.
+The carrier travels through the loader's own result queue, is pinned by the pin-memory thread
+(which calls ``Carrier.pin_memory``, where pin time is measured) and is unwrapped by the iterator
+before the user sees the batch. There is no second channel, nothing to deadlock, and every record
+belongs exactly to the batch it came with.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from pipeprof.collectors.torch_transforms import instrument_dataset
+from pipeprof.recorder import clock, recorder, timed_call
+from pipeprof.session import Session
+
+# Named like torch.profiler's own span so that traces line up.
+WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
+
+
+class Carrier:
+    """A batch and the records of the process that made it (see NOTE above)."""
+
+    __slots__ = ("batch", "payload", "pin_ns")
+
+    def __init__(self, batch: Any, payload: dict[str, Any]) -> None:
+        self.batch = batch
+        self.payload = payload
+        self.pin_ns = 0
+
+    def pin_memory(self, *args: Any) -> Carrier:
+        from torch.utils.data._utils.pin_memory import pin_memory  # a function, not a patch
+
+        t0 = clock()
+        self.batch = pin_memory(self.batch, *args)
+        self.pin_ns = clock() - t0
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.batch, self.payload, self.pin_ns))
+
+
+def _rebuild(batch: Any, payload: dict[str, Any], pin_ns: int) -> Carrier:
+    c = Carrier(batch, payload)
+    c.pin_ns = pin_ns
+    return c
+
+
+class MapDataset(Dataset):  # type: ignore[type-arg]
+    """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        rec = recorder()
+        if not rec.enabled:
+            return self.dataset[index]
+        frame = rec.open("load")
+        try:
+            return self.dataset[index]
+        finally:
+            rec.close(frame, 1, detach=True)
+
+
+class MapDatasetItems(MapDataset):
+    """For datasets with ``__getitems__`` (batched fetch): one ``load`` call covers the batch."""
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        rec = recorder()
+        if not rec.enabled:
+            return self.dataset.__getitems__(indices)
+        frame = rec.open("load")
+        try:
+            return self.dataset.__getitems__(indices)
+        finally:
+            rec.close(frame, max(1, len(indices)), detach=True)
+
+
+class IterDataset(IterableDataset):  # type: ignore[type-arg]
+    """Times every ``next()`` on the user's iterable as ``load`` (``iter()`` goes to the first)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[Any]:
+        rec = recorder()
+        frame = rec.open("load") if rec.enabled else None
+        it = iter(self.dataset)
+        while True:
+            if frame is None and rec.enabled:
+                frame = rec.open("load")
+            try:
+                item = next(it)
+            except StopIteration:
+                if frame is not None:
+                    rec.discard(frame)
+                return
+            except BaseException:
+                if frame is not None:
+                    rec.discard(frame)
+                raise
+            if frame is not None:
+                rec.close(frame, 1, detach=True)
+                frame = None
+            yield item
+
+
+class Collate:
+    """Times ``collate_fn`` and ships the process's records with the batch it made."""
+
+    def __init__(self, fn: Callable[[Any], Any], per_sample: bool) -> None:
+        self.fn = fn
+        self.per_sample = per_sample
+
+    def __call__(self, samples: Any) -> Any:
+        rec = recorder()
+        if not rec.enabled:
+            return self.fn(samples)
+        batch = timed_call("collate", self.fn, samples)
+        payload = rec.drain()
+        payload["end_ns"] = clock()
+        payload["samples"] = 1 if self.per_sample else _count(samples)
+        return Carrier(batch, payload)
+
+
+def _count(samples: Any) -> int:
+    try:
+        return len(samples)
+    except TypeError:
+        return 1
+
+
+class WorkerInit:
+    """Readies a worker's recorder, then runs the user's ``worker_init_fn``."""
+
+    def __init__(self, fn: Callable[[int], Any] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        rec = recorder()
+        rec.reset(f"worker{worker_id}")
+        rec.enabled = True
+        if self.fn is not None:
+            self.fn(worker_id)
+
+
+_LOADER_ARGS = (
+    "num_workers", "pin_memory", "timeout", "multiprocessing_context", "generator",
+    "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+)  # fmt: skip
+
+
+def build_loader(loader: DataLoader) -> tuple[DataLoader, list[str]]:
+    """A DataLoader equal to ``loader`` but with timed dataset, collate and worker init."""
+    dataset, notes = instrument_dataset(loader.dataset)
+    if isinstance(loader.dataset, IterableDataset):
+        wrapped: Dataset[Any] = IterDataset(dataset)
+        kwargs: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    else:
+        has_items = callable(getattr(loader.dataset, "__getitems__", None))
+        wrapped = (MapDatasetItems if has_items else MapDataset)(dataset)
+        if loader.batch_sampler is not None:
+            kwargs = {"batch_sampler": loader.batch_sampler}
+        else:
+            kwargs = {"sampler": loader.sampler, "batch_size": None}
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    for name in _LOADER_ARGS:
+        if name in accepted and hasattr(loader, name):
+            kwargs[name] = getattr(loader, name)
+    if not kwargs.get("num_workers"):
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+    per_sample = loader.batch_size is None and loader.batch_sampler is None
+    kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample)
+    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn)
+    return DataLoader(wrapped, **kwargs), notes
+
+
+def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """``batch`` with every tensor moved to ``device``, structure kept (as a training loop does)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return type(batch)({k: move_to(v, device, non_blocking) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(move_to(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device, non_blocking) for v in batch)
+    to = getattr(batch, "to", None)
+    if callable(to):
+        return to(device, non_blocking=non_blocking)
+    return batch
+
+
+class ProfiledLoader:
+    """Iterates a profiled twin of ``loader`` and records into ``session``.
+
+    Yields exactly the batches ``loader`` would (moved to ``device`` when one is given).
+    """
+
+    def __init__(self, loader: DataLoader, session: Session, device: Any = None) -> None:
+        self.loader, notes = build_loader(loader)
+        self.session = session
+        session.notes.extend(notes)
+        self.device = torch.device(device) if device is not None else None
+        self.h2d = H2DTimer(self.device) if self.device is not None else None
+        self.non_blocking = bool(loader.pin_memory)
+        session.meta.update(describe(loader, self.device))
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        rec = recorder()
+        was, rec.enabled = rec.enabled, True
+        try:
+            t_iter = clock()
+            it = iter(self.loader)
+            span = WAIT_SPAN.format(type(it).__name__)
+            first = True
+            while True:
+                if rec.raw:
+                    self.session.merge(rec.drain())  # the main process's own records
+                t0 = clock()
+                try:
+                    carrier = next(it)
+                except StopIteration:
+                    return
+                t1 = clock()
+                batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
+                first = False
+                if self.h2d is not None:
+                    batch = self.h2d.move(batch, self.non_blocking, rec)
+                yield batch
+        finally:
+            self.flush()
+            rec.enabled = was
+
+    def flush(self) -> None:
+        """Bring in what the main process recorded (transfers, the user's own stages)."""
+        rec = recorder()
+        if self.h2d is not None:
+            self.h2d.flush(rec)
+        if rec.raw:
+            self.session.merge(rec.drain())
+
+    def _unpack(self, carrier: Any, t0: int, t1: int, t_iter: int | None, span: str) -> Any:
+        s = self.session
+        if not isinstance(carrier, Carrier):  # pragma: no cover - a loader we did not build
+            return carrier
+        payload = carrier.payload
+        s.merge(payload)
+        track = payload["track"]
+        w = s.worker(track, payload["pid"])
+        busy = payload["end_ns"] - (payload["first_ns"] or payload["end_ns"])
+        w.busy_ns += busy
+        w.batches += 1
+        w.samples += payload["samples"]
+        if carrier.pin_ns:
+            s.add("main", "transfer/pin", carrier.pin_ns)
+        if t_iter is not None:
+            s.first_batch_ns = t1 - t_iter
+        else:
+            s.wait.add(t1 - t0)
+        s.spans.append(("main", span, t0, t1 - t0))
+        s.batch_ring.append((s.batches, track, t1, t1 - t0, payload["samples"], busy))
+        s.batches += 1
+        s.samples += payload["samples"]
+        return carrier.batch
+
+
+class H2DTimer:
+    """Moves batches to the device, timed as ``transfer/h2d``.
+
+    On CUDA the copy is bracketed by CUDA events read back in groups, so the loop is not
+    synchronised on every batch; elsewhere the wall clock times the (synchronous) copy.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple[Any, Any, int]] = []
+
+    def move(self, batch: Any, non_blocking: bool, rec: Any) -> Any:
+        if not self.cuda:
+            t0 = clock()
+            out = move_to(batch, self.device, non_blocking)
+            rec.add("transfer/h2d", clock() - t0, 1, t0)
+            return out
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        t0 = clock()
+        start.record()
+        out = move_to(batch, self.device, non_blocking)
+        end.record()
+        self.pending.append((start, end, t0))
+        if len(self.pending) >= 32:
+            self.flush(rec)
+        return out
+
+    def flush(self, rec: Any) -> None:
+        for start, end, t0 in self.pending:
+            end.synchronize()
+            ns = int(start.elapsed_time(end) * 1e6)
+            rec.add("transfer/h2d", ns, 1, t0)
+        self.pending.clear()
+
+
+def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
+    """The loader's configuration, for the report and for the findings."""
+    ctx = loader.multiprocessing_context
+    return {
+        "loader": type(loader).__name__,
+        "dataset": type(loader.dataset).__name__,
+        "num_workers": loader.num_workers,
+        "batch_size": loader.batch_size,
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": bool(loader.persistent_workers),
+        "multiprocessing_context": ctx.get_start_method() if ctx is not None else None,
+        "device": str(device) if device is not None else None,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "in_worker": get_worker_info() is not None,
+    }

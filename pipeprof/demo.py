@@ -1,0 +1,51 @@
+"""The built-in demo: a realistic image pipeline on JPEG files it makes itself (nothing to download)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+
+def make_images(root: str | os.PathLike[str], count: int = 256, size: tuple[int, int] = (500, 375),
+                classes: int = 4, seed: int = 0) -> Path:  # fmt: skip
+    """Write ``count`` photo-like JPEGs (gradients, shapes and noise) in ImageFolder layout."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    rng = random.Random(seed)
+    root = Path(root)
+    noise = Image.effect_noise(size, 40).convert("RGB")
+    for i in range(count):
+        folder = root / f"class{i % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        base = Image.linear_gradient("L").resize(size).convert("RGB")
+        img = Image.blend(base, noise, 0.35)
+        draw = ImageDraw.Draw(img)
+        for _ in range(12):
+            x, y = rng.randrange(size[0]), rng.randrange(size[1])
+            r = rng.randrange(10, 90)
+            color = tuple(rng.randrange(256) for _ in range(3))
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=color)
+        img.filter(ImageFilter.SMOOTH).save(folder / f"img{i:05d}.jpg", quality=90)
+    return root
+
+
+def demo_loader(root: str | os.PathLike[str], workers: int = 2, batch_size: int = 32) -> Any:
+    """ImageFolder + decode + RandomResizedCrop/flip/jitter/normalise, ``workers`` processes."""
+    try:
+        from torch.utils.data import DataLoader
+        from torchvision import datasets, transforms
+    except ImportError as exc:
+        raise ImportError(
+            "the demo needs torch and torchvision: pip install 'pipeprof[torch]'"
+        ) from exc
+    chain = transforms.Compose([
+        transforms.RandomResizedCrop(224),
+        transforms.RandomHorizontalFlip(),
+        transforms.ColorJitter(0.3, 0.3, 0.3),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])  # fmt: skip
+    dataset = datasets.ImageFolder(str(root), transform=chain)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)

@@ -1,0 +1,35 @@
+"""One renderer per output format, chosen by name or by a file's extension."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeprof.renderers.base import Renderer
+
+FORMATS = ("text", "json", "html")
+_EXTENSIONS = {".txt": "text", ".json": "json", ".html": "html", ".htm": "html"}
+
+
+def get_renderer(fmt: str, **options: Any) -> Renderer:
+    """The renderer for ``fmt`` (one of FORMATS)."""
+    if fmt == "text":
+        from pipeprof.renderers.text import TextRenderer
+
+        return TextRenderer(**options)
+    if fmt == "json":
+        from pipeprof.renderers.jsonrenderer import JSONRenderer
+
+        return JSONRenderer(**options)
+    if fmt == "html":
+        from pipeprof.renderers.html import HTMLRenderer
+
+        return HTMLRenderer(**options)
+    raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def format_for(path: str) -> str | None:
+    """The format a file name asks for by its extension, or None."""
+    for ext, fmt in _EXTENSIONS.items():
+        if path.lower().endswith(ext):
+            return fmt
+    return None

@@ -1,0 +1,219 @@
+"""The Session: everything a profile measured, as plain saveable data.
+
+A Session is the only contract between collection (collectors, samplers) and output (analysis,
+renderers). It holds aggregates whose size grows with the number of stages and workers, never
+with the number of batches, plus bounded rings of raw spans and recent batches for traces.
+``save``/``load`` round-trip it as JSON; ``from_dict`` fills defaults for keys an older file lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import repeat
+from pathlib import Path
+from typing import Any, Literal
+
+from pipeprof.stats import Stat
+
+SCHEMA_VERSION = 1
+SPAN_LIMIT = 200_000  # raw spans kept for traces (about 10 MB); aggregates are exact regardless
+BATCH_LIMIT = 10_000  # recent per-batch records kept
+
+Mode = Literal["loader", "loop"]
+Framework = Literal["torch", "tf"]
+
+
+@dataclass
+class WorkerRecord:
+    """What one worker process (or the main process, when there are no workers) produced."""
+
+    pid: int = 0
+    busy_ns: int = 0
+    batches: int = 0
+    samples: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"pid": self.pid, "busy_ns": self.busy_ns, "batches": self.batches,
+                "samples": self.samples}
+
+
+@dataclass
+class Session:
+    """Raw measurements of one profile. Times are ``time.perf_counter_ns`` nanoseconds."""
+
+    framework: Framework = "torch"
+    mode: Mode = "loader"
+    meta: dict[str, Any] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)  # wall-clock epoch seconds
+    start_ns: int = 0
+    end_ns: int = 0
+    # stage stats per track ("main", "worker0", ...) and path
+    stages: dict[str, dict[str, Stat]] = field(default_factory=dict)
+    workers: dict[str, WorkerRecord] = field(default_factory=dict)
+    # the consumer's side: time blocked in next(), batch by batch
+    first_batch_ns: int | None = None  # from iter() to the first batch (start-up)
+    wait: Stat = field(default_factory=Stat)  # waits after the first batch
+    batches: int = 0
+    samples: int = 0
+    loop: dict[str, Any] = field(default_factory=dict)  # loop-mode data (Profiler.wrap)
+    batch_ring: deque[tuple[int, str, int, int, int, int]] = field(
+        default_factory=lambda: deque(maxlen=BATCH_LIMIT)
+    )  # (index, track, ready_ns, wait_ns, samples, busy_ns)
+    spans: deque[tuple[str, str, int, int]] = field(
+        default_factory=lambda: deque(maxlen=SPAN_LIMIT)
+    )  # (track, path, start_ns, duration_ns)
+    events: int = 0  # timed regions recorded, all processes
+    overhead_ns: float = 0.0  # measured cost of one timed region in the main process
+    gpu: dict[str, Any] | None = None
+    host: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    # ---- collection ---------------------------------------------------------------------
+
+    def merge(self, payload: dict[str, Any]) -> None:
+        """Fold a recorder drain (see ``Recorder.drain``) into the session."""
+        track = payload["track"]
+        mine = self.stages.setdefault(track, {})
+        for path, stat in payload["stats"].items():
+            have = mine.get(path)
+            if have is None:
+                mine[path] = stat
+            else:
+                have.merge(stat)
+        for path, starts, durs in payload["spans"]:
+            self.spans.extend(zip(repeat(track), repeat(path), starts, durs))
+        self.events += payload["events"]
+
+    def add(self, track: str, path: str, ns: int, n: int = 1) -> None:
+        """Record one timing measured outside a recorder (the pin-memory thread, say)."""
+        stat = self.stages.setdefault(track, {}).get(path)
+        if stat is None:
+            stat = self.stages[track][path] = Stat()
+        stat.add(ns, n)
+        self.events += 1
+
+    def worker(self, track: str, pid: int) -> WorkerRecord:
+        rec = self.workers.get(track)
+        if rec is None:
+            rec = self.workers[track] = WorkerRecord(pid=pid)
+        rec.pid = pid
+        return rec
+
+    @property
+    def wall_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+    # ---- persistence --------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "framework": self.framework,
+            "mode": self.mode,
+            "meta": self.meta,
+            "started_at": self.started_at,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "stages": {t: {p: s.to_dict() for p, s in st.items()} for t, st in self.stages.items()},
+            "workers": {t: w.to_dict() for t, w in self.workers.items()},
+            "first_batch_ns": self.first_batch_ns,
+            "wait": self.wait.to_dict(),
+            "batches": self.batches,
+            "samples": self.samples,
+            "loop": _jsonable(self.loop),
+            "batch_ring": [list(b) for b in self.batch_ring],
+            "spans": [list(s) for s in self.spans],
+            "events": self.events,
+            "overhead_ns": self.overhead_ns,
+            "gpu": self.gpu,
+            "host": self.host,
+            "notes": self.notes,
+            "interrupted": self.interrupted,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Session:
+        version = data.get("schema_version")
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise ValueError(
+                f"this session has schema version {version!r}; this pipeprof reads up to "
+                f"{SCHEMA_VERSION}: upgrade pipeprof (pip install -U pipeprof)"
+            )
+        s = cls(
+            framework=data.get("framework", "torch"),
+            mode=data.get("mode", "loader"),
+            meta=data.get("meta", {}),
+            started_at=data.get("started_at", 0.0),
+            start_ns=data.get("start_ns", 0),
+            end_ns=data.get("end_ns", 0),
+            first_batch_ns=data.get("first_batch_ns"),
+            wait=Stat.from_dict(data.get("wait", {})),
+            batches=data.get("batches", 0),
+            samples=data.get("samples", 0),
+            loop=_unjson(data.get("loop", {})),
+            events=data.get("events", 0),
+            overhead_ns=data.get("overhead_ns", 0.0),
+            gpu=data.get("gpu"),
+            host=data.get("host"),
+            notes=list(data.get("notes", [])),
+            interrupted=bool(data.get("interrupted", False)),
+        )
+        s.stages = {
+            t: {p: Stat.from_dict(d) for p, d in st.items()}
+            for t, st in data.get("stages", {}).items()
+        }
+        s.workers = {t: WorkerRecord(**w) for t, w in data.get("workers", {}).items()}
+        s.batch_ring.extend(tuple(b) for b in data.get("batch_ring", []))  # type: ignore[misc]
+        s.spans.extend(tuple(x) for x in data.get("spans", []))  # type: ignore[misc]
+        return s
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the session as JSON (atomically: a crash never leaves half a file)."""
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps({"session": self.to_dict()}))
+        os.replace(tmp, target)
+        return target
+
+
+def _jsonable(value: Any) -> Any:
+    """Stats inside ``loop`` become tagged dicts."""
+    if isinstance(value, Stat):
+        return {"__stat__": value.to_dict()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, deque)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _unjson(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"__stat__"}:
+            return Stat.from_dict(value["__stat__"])
+        return {k: _unjson(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unjson(v) for v in value]
+    return value
+
+
+def read_file(path: str | os.PathLike[str]) -> Session:
+    """Load a session saved by ``Session.save`` or ``Report.save``."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such pipeprof file: {p}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p} is not a pipeprof JSON file ({exc})") from None
+    if not isinstance(data, dict) or "session" not in data:
+        raise ValueError(
+            f"{p} holds no pipeprof session: pass a file written by report.save() or "
+            "`pipeprof ... -o FILE.json`"
+        )
+    return Session.from_dict(data["session"])
