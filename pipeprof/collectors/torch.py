@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,22 +59,40 @@ def _rebuild(batch: Any, payload: dict[str, Any], pin_ns: int) -> Carrier:
     return c
 
 
-class MapDataset(Dataset):  # type: ignore[type-arg]
-    """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted)."""
+class _Delegate:
+    """Attribute reads and writes go to the user's dataset copy.
+
+    A user's ``worker_init_fn`` often configures ``get_worker_info().dataset`` (shards an
+    IterableDataset, opens a file handle); that object is this wrapper, so it forwards.
+    """
+
+    _inner: Any
 
     def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+        object.__setattr__(self, "_inner", dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "_inner" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_inner"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self._inner)
+
+
+class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
+    """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted)."""
 
     def __getitem__(self, index: Any) -> Any:
         rec = recorder()
         if not rec.enabled:
-            return self.dataset[index]
+            return self._inner[index]
         frame = rec.open("load")
         try:
-            return self.dataset[index]
+            return self._inner[index]
         finally:
             rec.close(frame, 1, detach=True)
 
@@ -84,39 +103,31 @@ class MapDatasetItems(MapDataset):
     def __getitems__(self, indices: list[Any]) -> Any:
         rec = recorder()
         if not rec.enabled:
-            return self.dataset.__getitems__(indices)
+            return self._inner.__getitems__(indices)
         frame = rec.open("load")
         try:
-            return self.dataset.__getitems__(indices)
+            return self._inner.__getitems__(indices)
         finally:
             rec.close(frame, max(1, len(indices)), detach=True)
 
 
-class IterDataset(IterableDataset):  # type: ignore[type-arg]
+class IterDataset(_Delegate, IterableDataset):  # type: ignore[type-arg]
     """Times every ``next()`` on the user's iterable as ``load`` (``iter()`` goes to the first)."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def __iter__(self) -> Iterator[Any]:
         rec = recorder()
         frame = rec.open("load") if rec.enabled else None
-        it = iter(self.dataset)
+        it = iter(self._inner)
         while True:
             if frame is None and rec.enabled:
                 frame = rec.open("load")
             try:
                 item = next(it)
-            except StopIteration:
-                if frame is not None:
-                    rec.discard(frame)
-                return
             except BaseException:
                 if frame is not None:
                     rec.discard(frame)
+                if isinstance(sys.exc_info()[1], StopIteration):
+                    return
                 raise
             if frame is not None:
                 rec.close(frame, 1, detach=True)

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pipeprof.recorder import recorder
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaks():
+    """Every test leaves no sampler thread alive and the recorder disabled and empty."""
+    before = {t.name for t in threading.enumerate()}
+    yield
+    rec = recorder()
+    assert not rec.enabled, "a profile left the recorder enabled"
+    assert not rec.stack, "a profile left stages open"
+    rec.raw.clear()
+    leaked = [t.name for t in threading.enumerate()
+              if t.name.startswith("pipeprof") and t.name not in before]
+    assert not leaked, f"sampler threads left running: {leaked}"

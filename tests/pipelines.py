@@ -1,0 +1,178 @@
+"""Picklable datasets, transforms and collate functions with known injected costs.
+
+Every costly step measures its own true duration and appends it to a per-process log file, so
+tests can compare pipeprof's figures with the truth (also from spawn workers).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+
+def spin(ms: float) -> None:
+    end = time.perf_counter_ns() + int(ms * 1e6)
+    while time.perf_counter_ns() < end:
+        pass
+
+
+_fds: dict[tuple[int, str], int] = {}
+
+
+def log(log_dir: str | None, stage: str, ns: int) -> None:
+    """Append one true duration: one unbuffered write on a per-process file kept open."""
+    if not log_dir:
+        return
+    key = (os.getpid(), log_dir)
+    fd = _fds.get(key)
+    if fd is None:
+        path = Path(log_dir) / f"{os.getpid()}.log"
+        fd = _fds[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.write(fd, f"{stage} {ns}\n".encode())
+
+
+def truth(log_dir: str) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for p in Path(log_dir).glob("*.log"):
+        for line in p.read_text().splitlines():
+            stage, ns = line.split()
+            out.setdefault(stage, []).append(int(ns))
+    return out
+
+
+class Cost:
+    """A transform that costs ``ms`` (busy ``spin`` or ``sleep``) and adds ``add``."""
+
+    def __init__(self, ms: float, log_dir: str | None = None, add: float = 1.0,
+                 sleep: bool = False) -> None:
+        self.ms, self.log_dir, self.add, self.sleep = ms, log_dir, add, sleep
+
+    def __call__(self, x):
+        t0 = time.perf_counter_ns()
+        time.sleep(self.ms / 1e3) if self.sleep else spin(self.ms)
+        out = self.work(x)
+        log(self.log_dir, f"transform/{type(self).__name__}", time.perf_counter_ns() - t0)
+        return out
+
+    def work(self, x):
+        return x + self.add
+
+
+class AddNoise(Cost):
+    """Random: draws from torch's RNG, so seeding matters."""
+
+    def work(self, x):
+        return x + self.add + torch.rand(x.shape)
+
+
+class Scale(Cost):
+    pass
+
+
+class CostDataset(Dataset):
+    """Sample i is a small tensor filled with i; loading costs ``load_ms`` (sleep)."""
+
+    def __init__(self, n: int = 32, load_ms: float = 0.0, log_dir: str | None = None,
+                 transform=None, fail_at: int | None = None) -> None:
+        self.n, self.load_ms, self.log_dir = n, load_ms, log_dir
+        self.transform = transform
+        self.fail_at = fail_at
+        self.tag = 0.0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        t0 = time.perf_counter_ns()
+        if i == self.fail_at:
+            raise KeyError(f"sample {i} is broken")
+        if self.load_ms:
+            time.sleep(self.load_ms / 1e3)
+        x = torch.full((3,), float(i)) + self.tag
+        log(self.log_dir, "load", time.perf_counter_ns() - t0)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, i
+
+
+class ItemsDataset(CostDataset):
+    """Has ``__getitems__``: fetches a whole batch in one call."""
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+class CostIterable(IterableDataset):
+    """Yields ``n`` samples, split across workers; each costs ``load_ms``."""
+
+    def __init__(self, n: int = 32, load_ms: float = 0.0, log_dir: str | None = None,
+                 transform=None) -> None:
+        self.n, self.load_ms, self.log_dir, self.transform = n, load_ms, log_dir, transform
+
+    def __iter__(self):
+        info = get_worker_info()
+        ids = range(self.n)
+        if info is not None:
+            ids = ids[info.id :: info.num_workers]
+        for i in ids:
+            t0 = time.perf_counter_ns()
+            if self.load_ms:
+                time.sleep(self.load_ms / 1e3)
+            x = torch.full((3,), float(i))
+            log(self.log_dir, "load", time.perf_counter_ns() - t0)
+            yield self.transform(x) if self.transform is not None else x
+
+
+class CostCollate:
+    """``default_collate`` plus ``ms`` of work, logged as ``collate``."""
+
+    def __init__(self, ms: float = 0.0, log_dir: str | None = None) -> None:
+        self.ms, self.log_dir = ms, log_dir
+
+    def __call__(self, samples):
+        from torch.utils.data import default_collate
+
+        t0 = time.perf_counter_ns()
+        spin(self.ms)
+        out = default_collate(samples)
+        log(self.log_dir, "collate", time.perf_counter_ns() - t0)
+        return out
+
+
+def tag_worker(worker_id: int) -> None:
+    """A user worker_init_fn: marks every sample the worker makes."""
+    get_worker_info().dataset.tag = 1000.0 * (worker_id + 1)
+
+
+class EvenFirst(torch.utils.data.Sampler):
+    """A custom sampler: even indices, then odd ones."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter([*range(0, self.n, 2), *range(1, self.n, 2)])
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Pairs(torch.utils.data.Sampler):
+    """A custom batch sampler: batches of uneven size."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        i, size = 0, 1
+        while i < self.n:
+            yield list(range(i, min(self.n, i + size)))
+            i += size
+            size = size % 3 + 1
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

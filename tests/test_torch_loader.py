@@ -1,0 +1,269 @@
+"""pipeprof.profile on real DataLoaders: ground truth, identical batches, every option."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+from pipelines import (
+    AddNoise,
+    CostCollate,
+    CostDataset,
+    CostIterable,
+    EvenFirst,
+    ItemsDataset,
+    Pairs,
+    Scale,
+    tag_worker,
+    truth,
+)
+from torch.utils.data import DataLoader
+from torchvision import transforms
+
+import pipeprof
+from pipeprof.collectors.torch import ProfiledLoader
+from pipeprof.session import Session
+
+CONTEXTS = ["fork", "spawn"]
+
+
+def batches_of(loader, profiled: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    if not profiled:
+        return list(loader)
+    return list(ProfiledLoader(loader, Session()))
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("workers,ctx", [(0, None), (2, "fork"), (2, "spawn")])
+def test_stage_means_match_ground_truth(tmp_path, workers, ctx):
+    """Injected costs, each logging its own true duration: per-call means within 5 %."""
+    logs = str(tmp_path)
+    chain = transforms.Compose([Scale(4.0, logs), AddNoise(4.0, logs, sleep=True)])
+    ds = CostDataset(48, load_ms=6.0, log_dir=logs, transform=chain)
+    loader = DataLoader(ds, batch_size=8, num_workers=workers, multiprocessing_context=ctx,
+                        collate_fn=CostCollate(5.0, logs))
+    report = pipeprof.profile(loader)
+    stages = report.to_dict()["stages"]
+    true = truth(logs)
+    assert set(true) == {"load", "transform/Scale", "transform/AddNoise", "collate"}
+    for path, durations in true.items():
+        true_ms = statistics.fmean(durations) / 1e6
+        assert stages[path]["count"] == len(durations), path
+        assert stages[path]["mean_ms"] == pytest.approx(true_ms, rel=0.05), path
+    # the transform parent is the sum of its children; load excludes the transform
+    t = stages["transform"]
+    assert t["total_s"] == pytest.approx(
+        stages["transform/Scale"]["total_s"] + stages["transform/AddNoise"]["total_s"])
+    assert report["samples"] == 48 and report["batches"] == 6
+    tracks = {w["track"] for w in report["workers"]}
+    assert tracks == ({"main"} if workers == 0 else {"worker0", "worker1"})
+    assert sum(w["batches"] for w in report["workers"]) == 6
+
+
+def test_getitems_and_iterable_ground_truth(tmp_path):
+    logs = str(tmp_path)
+    loader = DataLoader(ItemsDataset(24, load_ms=6.0, log_dir=logs), batch_size=6, num_workers=2)
+    stages = pipeprof.profile(loader)["stages"]
+    true = truth(logs)["load"]
+    assert stages["load"]["count"] == 24
+    assert stages["load"]["mean_ms"] == pytest.approx(statistics.fmean(true) / 1e6, rel=0.05)
+
+    logs2 = tmp_path / "it"
+    logs2.mkdir()
+    loader = DataLoader(CostIterable(24, load_ms=6.0, log_dir=str(logs2)), batch_size=4,
+                        num_workers=2)
+    report = pipeprof.profile(loader)
+    true = truth(str(logs2))["load"]
+    assert report["samples"] == 24 and report["stages"]["load"]["count"] == 24
+    assert report["stages"]["load"]["mean_ms"] == pytest.approx(
+        statistics.fmean(true) / 1e6, rel=0.05)
+
+
+def _random_chain():
+    return transforms.Compose([AddNoise(0.0), Scale(0.0, add=2.0)])
+
+
+LOADERS = {
+    "plain": lambda w, c: DataLoader(CostDataset(20, transform=_random_chain()), batch_size=4,
+                                     shuffle=True, num_workers=w, multiprocessing_context=c),
+    "getitems": lambda w, c: DataLoader(ItemsDataset(20), batch_size=3, num_workers=w,
+                                        multiprocessing_context=c),
+    "iterable": lambda w, c: DataLoader(CostIterable(20, transform=_random_chain()),
+                                        batch_size=4, num_workers=w, multiprocessing_context=c),
+    "batch_size_none": lambda w, c: DataLoader(CostDataset(10), batch_size=None, num_workers=w,
+                                               multiprocessing_context=c),
+    "sampler": lambda w, c: DataLoader(CostDataset(20), batch_size=4, sampler=EvenFirst(20),
+                                       num_workers=w, multiprocessing_context=c),
+    "batch_sampler": lambda w, c: DataLoader(CostDataset(20), batch_sampler=Pairs(20),
+                                             num_workers=w, multiprocessing_context=c),
+    "collate_fn": lambda w, c: DataLoader(CostDataset(20), batch_size=5, collate_fn=CostCollate(),
+                                          num_workers=w, multiprocessing_context=c),
+    "pin_memory": lambda w, c: DataLoader(CostDataset(20), batch_size=4, pin_memory=True,
+                                          num_workers=w, multiprocessing_context=c),
+    "drop_last": lambda w, c: DataLoader(CostDataset(22), batch_size=4, drop_last=True,
+                                         num_workers=w, multiprocessing_context=c),
+    "worker_init_fn": lambda w, c: DataLoader(CostDataset(20), batch_size=4, num_workers=w,
+                                              worker_init_fn=tag_worker,
+                                              multiprocessing_context=c),
+}
+WORKER_ONLY = {
+    "persistent": lambda w, c: DataLoader(CostDataset(20), batch_size=4, num_workers=w,
+                                          persistent_workers=True, prefetch_factor=3,
+                                          multiprocessing_context=c),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LOADERS))
+@pytest.mark.parametrize("workers,ctx", [(0, None), (2, "fork"), (2, "spawn")])
+def test_batches_identical_to_plain_loader(kind, workers, ctx):
+    loader = LOADERS[kind](workers, ctx)
+    plain = batches_of(loader, profiled=False)
+    profiled = batches_of(loader, profiled=True)
+    assert len(plain) == len(profiled) > 0
+    assert all(same(a, b) for a, b in zip(plain, profiled))
+    if kind == "worker_init_fn" and workers:
+        assert all(b[0].min() >= 1000 for b in profiled)  # the user's init ran in each worker
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
+def test_persistent_workers_over_epochs(ctx):
+    loader = WORKER_ONLY["persistent"](2, ctx)
+    plain = batches_of(loader, profiled=False)
+    session = Session()
+    profiled = ProfiledLoader(loader, session)
+    torch.manual_seed(0)
+    first = list(profiled)
+    second = list(profiled)  # same workers, second epoch
+    assert all(same(a, b) for a, b in zip(plain, first)) and len(first) == len(plain)
+    assert len(second) == len(plain)
+    assert session.batches == 2 * len(plain)
+    assert len({w.pid for w in session.workers.values()}) == 2
+
+
+def test_profile_reports_samples_and_stages_for_each_option():
+    for kind, make in LOADERS.items():
+        loader = make(0, None)
+        report = pipeprof.profile(loader)
+        n = sum(1 for _ in loader.sampler) if kind not in ("iterable",) else 20
+        if kind == "drop_last":
+            n = 20
+        assert report["samples"] == n, kind
+        assert "load" in report["stages"] and "collate" in report["stages"], kind
+
+
+def test_batches_limit_and_device_transfer():
+    loader = DataLoader(CostDataset(40), batch_size=4, num_workers=2)
+    report = pipeprof.profile(loader, batches=3, device="cpu")
+    assert report["batches"] == 3
+    h2d = report["stages"]["transfer/h2d"]
+    assert h2d["count"] == 3 and h2d["total_s"] > 0
+    assert report["stages"]["transfer"]["derived"] is True
+
+
+def test_pin_memory_is_timed_in_the_pin_thread():
+    loader = DataLoader(CostDataset(16), batch_size=4, num_workers=2, pin_memory=True)
+    if not torch.cuda.is_available():
+        # torch pins only with an accelerator; the carrier still passes through unchanged
+        assert pipeprof.profile(loader)["batches"] == 4
+        return
+    assert pipeprof.profile(loader)["stages"]["transfer/pin"]["count"] == 4  # pragma: no cover
+
+
+def test_user_stages_inside_workers(tmp_path):
+    loader = DataLoader(StagedDataset(12), batch_size=4, num_workers=2)
+    stages = pipeprof.profile(loader)["stages"]
+    assert stages["load/read"]["count"] == 12
+    assert stages["load/decode"]["count"] == 12
+    assert stages["load/decode"]["mean_ms"] == pytest.approx(2.0, rel=0.25)
+    assert stages["load"]["total_s"] >= stages["load/read"]["total_s"] + stages["load/decode"][
+        "total_s"]
+
+
+class StagedDataset(CostDataset):
+    def __getitem__(self, i):
+        with pipeprof.stage("read"):
+            time.sleep(0.0005)
+        with pipeprof.stage("decode"):
+            time.sleep(0.002)
+        return torch.zeros(2)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_user_exceptions_pass_through(workers):
+    loader = DataLoader(CostDataset(16, fail_at=5), batch_size=4, num_workers=workers)
+    with pytest.raises(KeyError) as plain:
+        list(loader)
+    with pytest.raises(KeyError) as profiled:
+        pipeprof.profile(loader)
+    assert "sample 5 is broken" in str(profiled.value)
+    if workers == 0:
+        assert str(profiled.value) == str(plain.value)
+
+
+def test_user_objects_not_mutated():
+    chain = transforms.Compose([Scale(0.0)])
+    ds = CostDataset(8, transform=chain)
+    collate = CostCollate()
+    loader = DataLoader(ds, batch_size=4, collate_fn=collate, num_workers=2,
+                        worker_init_fn=tag_worker)
+    before = dict(vars(ds))
+    pipeprof.profile(loader)
+    assert vars(ds) == before and ds.transform is chain
+    assert chain.transforms[0].__class__ is Scale and len(chain.transforms) == 1
+    assert loader.collate_fn is collate and loader.worker_init_fn is tag_worker
+    assert loader.dataset is ds
+
+
+def test_bad_input_gets_clear_errors():
+    with pytest.raises(TypeError, match="needs a torch.utils.data.DataLoader"):
+        pipeprof.profile([1, 2, 3])
+    with pytest.raises(ValueError, match="has no batches"):
+        pipeprof.profile(DataLoader(CostDataset(0), batch_size=4))
+    loader = DataLoader(CostDataset(8), batch_size=4)
+    with pytest.raises(ValueError, match="at least 1"):
+        pipeprof.profile(loader, batches=0)
+    with pytest.raises(TypeError, match="positive int"):
+        pipeprof.profile(loader, batches=2.5)
+    with pytest.raises(ValueError, match="yielded no batches"):
+        pipeprof.profile(DataLoader(CostIterable(0), batch_size=4))
+
+
+def test_imagefolder_split_into_read_and_decode(tmp_path):
+    from torchvision import datasets
+
+    from pipeprof.demo import make_images
+
+    make_images(tmp_path, count=12, size=(64, 48))
+    chain = transforms.Compose([transforms.RandomResizedCrop(32), transforms.ToTensor()])
+    ds = datasets.ImageFolder(str(tmp_path), transform=chain, target_transform=lambda t: t * 2)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    report = pipeprof.profile(loader)
+    stages = report["stages"]
+    for path in ("load/read", "load/decode", "transform/RandomResizedCrop",
+                 "transform/ToTensor", "transform/target_transform"):
+        assert stages[path]["count"] == 12, path
+    torch.manual_seed(0)
+    plain = list(loader)
+    profiled = batches_of(loader, profiled=True)
+    assert all(same(a, b) for a, b in zip(plain, profiled))
+
+
+def test_sequential_and_list_transforms():
+    seq = torch.nn.Sequential(torch.nn.Identity(), torch.nn.ReLU())
+    stages = pipeprof.profile(DataLoader(CostDataset(8, transform=seq), batch_size=4))["stages"]
+    assert stages["transform/Identity"]["count"] == 8 and stages["transform/ReLU"]["count"] == 8
+    dup = transforms.Compose([Scale(0.0), Scale(0.0)])
+    stages = pipeprof.profile(DataLoader(CostDataset(8, transform=dup), batch_size=4))["stages"]
+    assert stages["transform/Scale"]["count"] == 8 and stages["transform/Scale#2"]["count"] == 8
