@@ -7,38 +7,33 @@ Durations are aggregated per key into a bounded-memory ``Stat``, so memory does 
 number of regions.
 
 NOTE [ CUDA event batching ]
-GPU work is asynchronous: a CPU clock around ``loss.backward()`` measures the launch, not the
-work. The ``cuda`` backend records a ``torch.cuda.Event`` on the current stream at ``start`` and
-another at ``end``, and keeps the pair pending. Synchronising at every ``end`` would stall the
-CPU's run-ahead and distort the very loop being measured, so pending pairs are resolved in
-batches: once more than ``resolve_every`` are pending, one pass resolves the pairs whose events
-``query()`` as done, which never blocks. Pairs still in flight wait for the next pass (which comes
-after another ``resolve_every`` ends, so a GPU that lags far behind costs no per-step scan) or
-for ``flush()``/``stats()``, which synchronise on them. Resolved events are reused.
+A CPU clock around GPU work measures the launch, not the work. The ``cuda`` backend records a
+``torch.cuda.Event`` on the current stream at ``start`` and another at ``end`` and keeps the pair
+pending: synchronising at every ``end`` would stall the CPU's run-ahead and distort the loop being
+measured. Once more than ``resolve_every`` pairs are pending, one pass records those whose events
+``query()`` as done, which never blocks; the rest wait for the next pass (after another
+``resolve_every`` ends, so a lagging GPU costs no per-step scan) or for ``flush()``/``stats()``,
+which synchronise on them. Resolved events are recorded again by later regions.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pipeprof.stats import Stat
+from pipeprof.stats import Stat, bucket_of
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-EPOCH = "Epoch"
-BATCH = "Batch"
-FORWARD = "Forward"
-BACKWARD = "Backward"
-COMM = "Comm"
-IO = "IO"
-OTHER = "Other"
 #: The Deep500 region keys; any other non-empty string works as a key too.
-DEFAULT_KEYS = (EPOCH, BATCH, FORWARD, BACKWARD, COMM, IO, OTHER)
+DEFAULT_KEYS = ("Epoch", "Batch", "Forward", "Backward", "Comm", "IO", "Other")
+EPOCH, BATCH, FORWARD, BACKWARD, COMM, IO, OTHER = DEFAULT_KEYS
 
 Backend = Literal["cpu", "cuda", "auto"]
 #: Called as ``sink(key, start_ns, duration_ns)`` when a region's duration becomes known.
@@ -46,6 +41,7 @@ Sink = Callable[[str, int, int], None]
 
 _FIELDS = ("count", "total_ms", "mean_ms", "median_ms", "p95_ms", "min_ms", "max_ms", "std_ms")
 _HEADER = ["region", *(f.replace("_ms", " ms") for f in _FIELDS)]
+_FOLD_EVERY = 256  # durations buffered per key before folding: bounds memory, amortises the fold
 _CUDA_ADVICE = (
     "Timer(backend='cuda') needs PyTorch built with CUDA and a visible GPU: "
     "`pip install torch` (a CUDA build), or use Timer(backend='cpu')."
@@ -77,6 +73,37 @@ class _Region:
         self.timer.end(self.key)  # runs on exceptions too; returning None lets them propagate
 
 
+class _Key:
+    """One key's state: open starts (LIFO), durations not yet folded, and their ``Stat``."""
+
+    __slots__ = ("buf", "events", "name", "stack", "stat")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stack: list[int] = []  # clock() at each open start, ns
+        self.events: list[Event] = []  # the open starts' events (cuda)
+        self.buf: list[int] = []  # durations in ns, folded into ``stat`` in batches
+        self.stat = Stat()
+
+    def fold(self) -> None:
+        """Fold ``buf`` into ``stat``: as ``Stat.add`` of each, at a third of the cost."""
+        buf = self.buf
+        if not buf:
+            return
+        low = min(buf)
+        per = buf if low >= 0 else [d if d > 0 else 0 for d in buf]  # Stat.add clamps at 0
+        part = {
+            "count": len(buf),
+            "total_ns": sum(buf),
+            "min_ns": max(low, 0),
+            "max_ns": max(per),
+            "sum_sq": float(sum(map(operator.mul, per, per))),
+            "hist": Counter(map(bucket_of, per)),
+        }
+        self.stat.merge(Stat.from_dict(part))
+        buf.clear()
+
+
 def _check_key(key: object) -> str:
     if not isinstance(key, str):
         raise TypeError(f"region key must be a str such as 'Forward', not {type(key).__name__}")
@@ -93,6 +120,10 @@ def _cuda_event_factory() -> Callable[[], Event]:
     if not torch.cuda.is_available():
         raise RuntimeError(_CUDA_ADVICE)
     return functools.partial(torch.cuda.Event, enable_timing=True)
+
+
+def _no_events() -> Event:
+    raise AssertionError("the cpu backend records no events")
 
 
 def _resolve_backend(backend: str) -> str:
@@ -116,7 +147,8 @@ class Timer:
 
     Statistics: count, total, min, mean, max and std are exact; median and p95 come from a
     log-linear histogram and are within about 3% of the exact values. Regions still open are
-    not counted. Not thread-safe: use one Timer per thread.
+    not counted. Memory is bounded per key, whatever the number of regions. Not thread-safe:
+    use one Timer per thread.
     """
 
     __slots__ = (
@@ -124,15 +156,12 @@ class Timer:
         "_cuda",
         "_factory",
         "_free",
+        "_keys",
         "_next_resolve",
-        "_open",
-        "_open_ev",
-        "_order",
         "_pending",
         "_regions",
         "_resolve_every",
         "_sink",
-        "_stats",
         "backend",
     )
 
@@ -150,35 +179,31 @@ class Timer:
         #: The backend in use, ``"cpu"`` or ``"cuda"`` (``"auto"`` resolved).
         self.backend = _resolve_backend(backend)
         self._cuda = self.backend == "cuda"
-        if self._cuda and event_factory is None:
-            event_factory = _cuda_event_factory()
-        self._factory = event_factory
+        self._factory = _no_events
+        if self._cuda:
+            self._factory = event_factory or _cuda_event_factory()
         self._clock = clock
         self._sink = sink
         self._resolve_every = resolve_every
-        self._open: dict[str, list[int]] = {}  # key -> stack of clock() at start, ns
-        self._open_ev: dict[str, list[Event]] = {}  # key -> stack of start events (cuda)
-        self._stats: dict[str, Stat] = {}
-        self._order: list[str] = []  # keys in first-seen order
+        self._keys: dict[str, _Key] = {}  # in first-seen order
         self._regions: dict[str, _Region] = {}
-        self._pending: list[tuple[str, int, Event, Event]] = []  # (key, start_ns, start, end)
+        self._pending: list[tuple[_Key, int, Event, Event]] = []  # (key, start_ns, start, end)
         self._free: list[Event] = []  # resolved events, recorded again by later regions
         self._next_resolve = resolve_every
 
     def start(self, key: str) -> None:
         """Open a region named ``key``; it closes at the matching ``end(key)`` (LIFO per key)."""
         try:
-            stack = self._open[key]
+            k = self._keys[key]
         except (KeyError, TypeError):
-            stack = self._new_key(key)
+            k = self._keys[_check_key(key)] = _Key(key)
         if self._cuda:
-            free = self._free
-            event = free.pop() if free else self._make_event()
-            stack.append(self._clock())
+            event = self._free.pop() if self._free else self._factory()
+            k.stack.append(self._clock())
             event.record()
-            self._open_ev[key].append(event)
+            k.events.append(event)
         else:
-            stack.append(self._clock())
+            k.stack.append(self._clock())
 
     def end(self, key: str) -> None:
         """Close the innermost open region named ``key``; ``ValueError`` if none is open."""
@@ -187,11 +212,15 @@ class Timer:
             return
         now = self._clock()
         try:
-            start_ns = self._open[key].pop()
+            k = self._keys[key]
+            start_ns = k.stack.pop()
         except (KeyError, IndexError, TypeError):
             raise self._unmatched(key) from None
         duration = now - start_ns
-        self._stats[key].add(duration)
+        buf = k.buf
+        buf.append(duration)
+        if len(buf) >= _FOLD_EVERY:
+            k.fold()
         sink = self._sink
         if sink is not None:
             sink(key, start_ns, duration)
@@ -207,7 +236,7 @@ class Timer:
     def flush(self) -> None:
         """Wait for the GPU to finish every pending region and record it (no-op on ``cpu``)."""
         pending = self._pending
-        for _key, _start_ns, start, end in pending:
+        for _k, _start_ns, start, end in pending:
             start.synchronize()
             end.synchronize()
         self._pending = []
@@ -218,22 +247,23 @@ class Timer:
     def stats(self) -> dict[str, dict[str, float]]:
         """Per-key statistics of closed regions, after ``flush()``.
 
-        Each value has ``count`` and ``total_ms``, ``min_ms``, ``mean_ms``, ``median_ms``,
-        ``p95_ms``, ``max_ms``, ``std_ms`` in milliseconds (``std_ms`` is NaN below two regions).
+        Each value has ``count`` and ``total_ms``, ``mean_ms``, ``median_ms``, ``p95_ms``,
+        ``min_ms``, ``max_ms``, ``std_ms`` in milliseconds (``std_ms`` is NaN below two regions).
         Keys appear in the order they were first started; keys with no closed region are left out.
         """
         self.flush()
         out: dict[str, dict[str, float]] = {}
-        for key in self._order:
-            s = self._stats[key]
+        for key, k in self._keys.items():
+            k.fold()
+            s = k.stat
             if s.count:
                 out[key] = {
                     "count": s.count,
                     "total_ms": s.total_ns / 1e6,
-                    "min_ms": s.min_ns / 1e6,
                     "mean_ms": s.mean_ns / 1e6,
                     "median_ms": s.percentile_ns(50) / 1e6,
                     "p95_ms": s.percentile_ns(95) / 1e6,
+                    "min_ms": s.min_ns / 1e6,
                     "max_ms": s.max_ns / 1e6,
                     "std_ms": s.std_ns / 1e6,
                 }
@@ -241,14 +271,11 @@ class Timer:
 
     def keys(self) -> tuple[str, ...]:
         """Every key started since construction or the last ``reset()``, first-seen order."""
-        return tuple(self._order)
+        return tuple(self._keys)
 
     def reset(self) -> None:
         """Forget all statistics, open regions and pending GPU regions."""
-        self._open.clear()
-        self._open_ev.clear()
-        self._stats.clear()
-        self._order.clear()
+        self._keys.clear()
         self._pending = []
         self._next_resolve = self._resolve_every
 
@@ -258,14 +285,8 @@ class Timer:
         if len(rows) == 1:
             return "(no regions recorded)"
         widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER))]
-        lines = [
-            "  ".join(
-                [row[0].ljust(widths[0])]
-                + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-            )
-            for row in rows
-        ]
-        return "\n".join(lines)
+        line = "  ".join([f"{{:<{widths[0]}}}", *(f"{{:>{w}}}" for w in widths[1:])])
+        return "\n".join(line.format(*row) for row in rows)
 
     def __rich__(self) -> Table:
         from rich.table import Table
@@ -284,39 +305,24 @@ class Timer:
             rows.append([key, str(int(st["count"])), *ms])
         return rows
 
-    def _new_key(self, key: object) -> list[int]:
-        name = _check_key(key)
-        stack: list[int] = []
-        self._open[name] = stack
-        self._open_ev[name] = []
-        self._stats[name] = Stat()
-        self._order.append(name)
-        return stack
-
     def _unmatched(self, key: object) -> ValueError:
         _check_key(key)  # a non-str key gets its own TypeError
-        open_keys = sorted(k for k, v in self._open.items() if v)
+        open_keys = [name for name, k in self._keys.items() if k.stack]
         return ValueError(
             f"Timer.end({key!r}) has no matching start({key!r}); "
             f"open regions: {open_keys or 'none'}. Call start({key!r}) first."
         )
 
-    def _make_event(self) -> Event:
-        assert self._factory is not None  # set in __init__ whenever the backend is cuda
-        return self._factory()
-
     def _end_cuda(self, key: str) -> None:
         try:
-            start = self._open_ev[key].pop()
+            k = self._keys[key]
+            start = k.events.pop()
         except (KeyError, IndexError, TypeError):
             raise self._unmatched(key) from None
-        start_ns = self._open[key].pop()
-        free = self._free
-        end = free.pop() if free else self._make_event()
+        end = self._free.pop() if self._free else self._factory()
         end.record()
-        pending = self._pending
-        pending.append((key, start_ns, start, end))
-        if len(pending) > self._next_resolve:
+        self._pending.append((k, k.stack.pop(), start, end))
+        if len(self._pending) > self._next_resolve:
             self._resolve_ready()
 
     def _resolve_ready(self) -> None:
@@ -330,10 +336,12 @@ class Timer:
         self._pending = waiting
         self._next_resolve = len(waiting) + self._resolve_every
 
-    def _record_pair(self, item: tuple[str, int, Event, Event]) -> None:
-        key, start_ns, start, end = item
+    def _record_pair(self, item: tuple[_Key, int, Event, Event]) -> None:
+        k, start_ns, start, end = item
         duration = round(start.elapsed_time(end) * 1e6)  # milliseconds -> nanoseconds
         self._free += (start, end)
-        self._stats[key].add(duration)
+        k.buf.append(duration)
+        if len(k.buf) >= _FOLD_EVERY:
+            k.fold()
         if self._sink is not None:
-            self._sink(key, start_ns, duration)
+            self._sink(k.name, start_ns, duration)

@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
+from pipeprof.stats import Stat
 from pipeprof.timer import BATCH, DEFAULT_KEYS, FORWARD, Timer
 
 MS = 1_000_000  # nanoseconds per millisecond
@@ -135,6 +136,28 @@ def test_per_key_statistics_exact_and_percentiles_close() -> None:
     ordered = sorted(durations)
     assert st["median_ms"] == pytest.approx(ordered[249] / MS, rel=0.03)
     assert st["p95_ms"] == pytest.approx(ordered[math.ceil(0.95 * 500) - 1] / MS, rel=0.03)
+
+
+def test_batched_aggregation_matches_stat_add() -> None:
+    clock = FakeClock()
+    timer = Timer(clock=clock)
+    durations = [(i * 2654435761) % (1 << (i % 34)) for i in range(1000)]  # 0 ns to ~8 s
+    for i, d in enumerate(durations):
+        with timer.region("IO"):
+            clock.advance(d)
+        if i == 300:
+            timer.stats()  # an early fold must not change the final figures
+    ref = Stat.of(durations)
+    st = timer.stats()["IO"]
+    assert st["count"] == ref.count == 1000
+    assert (st["total_ms"], st["min_ms"], st["max_ms"]) == (
+        ref.total_ns / MS,
+        ref.min_ns / MS,
+        ref.max_ns / MS,
+    )
+    assert st["median_ms"] == ref.percentile_ns(50) / MS  # the very same histogram
+    assert st["p95_ms"] == ref.percentile_ns(95) / MS
+    assert st["std_ms"] == pytest.approx(ref.std_ns / MS, rel=1e-9)
 
 
 def test_single_region_has_nan_std() -> None:

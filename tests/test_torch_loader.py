@@ -240,6 +240,10 @@ def test_bad_input_gets_clear_errors():
         pipeprof.profile(DataLoader(CostIterable(0), batch_size=4))
 
 
+def double(t):
+    return t * 2
+
+
 def test_imagefolder_split_into_read_and_decode(tmp_path):
     from torchvision import datasets
 
@@ -247,7 +251,7 @@ def test_imagefolder_split_into_read_and_decode(tmp_path):
 
     make_images(tmp_path, count=12, size=(64, 48))
     chain = transforms.Compose([transforms.RandomResizedCrop(32), transforms.ToTensor()])
-    ds = datasets.ImageFolder(str(tmp_path), transform=chain, target_transform=lambda t: t * 2)
+    ds = datasets.ImageFolder(str(tmp_path), transform=chain, target_transform=double)
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     report = pipeprof.profile(loader)
     stages = report["stages"]

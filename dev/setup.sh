@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds .venv with pipeprof (editable), torch and torchvision, and the test tools.
+#   bash dev/setup.sh        # library, torch extra, dev tools
+#   bash dev/setup.sh test   # the same, plus what the test suite drives (tensorflow, chromium)
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip() { .venv/bin/python -m pip "$@"; }
+
+if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
+  # torchvision from PyPI is built against PyPI's torch. Some machines (ours) add a local index
+  # holding a +cpu torch build that pip prefers and that torchvision cannot load against, so this
+  # one step reads PyPI alone. pip's cache makes it fast after the first time.
+  echo "installing torch and torchvision (first time: a few minutes) ..."
+  PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= pip install -q torch==2.13.0 torchvision==0.28.0
+fi
+pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import pipeprof, torchvision" || { echo "setup failed"; exit 1; }
+
+if [ "${1:-}" = "test" ]; then
+  pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+fi

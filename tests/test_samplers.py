@@ -1,0 +1,356 @@
+"""The NVML and host samplers: a fake NVML at the hardware boundary, real psutil and processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from fake_nvml import FakeGpu, FakeNvml, NVMLError_Unknown
+
+from pipeprof.samplers import (
+    NA,
+    HostSampler,
+    NaType,
+    NvmlSampler,
+    Sampler,
+    json_default,
+    mean_over_spans,
+    query,
+)
+
+MS = 1_000_000
+
+
+class FakeClock:
+    """Returns ``now`` (ns), or the next of ``script`` while one is left."""
+
+    def __init__(self, *script: int) -> None:
+        self.now = 0
+        self.script = list(script)
+
+    def __call__(self) -> int:
+        return self.script.pop(0) if self.script else self.now
+
+
+def drive(sampler: Sampler, clock: FakeClock, times_ms: list[int]) -> dict[str, Any]:
+    """Prime at 0, sample at each time, close; return ``to_dict()``."""
+    assert sampler.prime(0)
+    for t in times_ms:
+        clock.now = t * MS
+        sampler.sample()
+    sampler.close()
+    return sampler.to_dict()
+
+
+def wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def pipeprof_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pipeprof")]
+
+
+# ---- n/a, query, mean_over_spans ----------------------------------------------------------------
+
+
+def test_na_is_a_falsy_singleton_that_prints_and_serialises_as_missing() -> None:
+    assert NaType() is NA and pickle.loads(pickle.dumps(NA)) is NA
+    assert not NA and repr(NA) == str(NA) == f"{NA:.1f}" == "n/a"
+    assert json.dumps({"util": NA}, default=json_default) == '{"util": null}'
+    with pytest.raises(TypeError):
+        json.dumps(object(), default=json_default)
+
+
+def test_query_returns_na_on_any_error_never_zero() -> None:
+    seen: list[BaseException] = []
+    assert query(lambda a, b: a + b, 2, 3) == 5
+    assert query(lambda: (_ for _ in ()).throw(NVMLError_Unknown()), on_error=seen.append) is NA
+    assert query(lambda: 1 / 0, on_error=seen.append) is NA
+    assert [type(e).__name__ for e in seen] == ["NVMLError_Unknown", "ZeroDivisionError"]
+
+
+def test_mean_over_spans_is_time_weighted_and_exact() -> None:
+    t, v = [0, 10, 20, 30], [1.0, 2.0, NA, 4.0]
+    # forward hold: [0,10)=1, [10,20)=2, [20,30)=n/a
+    assert mean_over_spans(t, v, [(5, 15)]) == 1.5
+    # overlapping spans merge to (5,18); (25,40) only meets n/a and time after the series
+    assert mean_over_spans(t, v, [(12, 18), (5, 15), (25, 40)]) == (1 * 5 + 2 * 8) / 13
+    # backward hold: (0,10]=2, (10,20]=n/a, (20,30]=4
+    assert mean_over_spans(t, v, [(5, 25)], hold="backward") == (2 * 5 + 4 * 5) / 10
+    assert mean_over_spans(t, [None, 3.0, 3.0, 3.0], [(0, 30)]) == 3.0
+    assert mean_over_spans(t, v, [(40, 50)]) is None
+    assert mean_over_spans(t, v, []) is None
+    assert mean_over_spans([], [], [(0, 10)]) is None
+
+
+# ---- the sampler thread's clockwork -------------------------------------------------------------
+
+
+class Recording(Sampler):
+    thread_name = "pipeprof-test"
+
+    def __init__(self, fail: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail = fail
+        self.at: list[int] = []
+
+    def _sample(self, now_ns: int) -> None:
+        if self.fail:
+            raise RuntimeError("sensor fell off")
+        self.at.append(now_ns)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {}
+
+
+def test_tick_sleeps_to_deadlines_records_lateness_and_skips_overruns() -> None:
+    clock = FakeClock(105 * MS, 107 * MS, 200 * MS, 450 * MS)
+    s = Recording(hz=10, clock=clock)
+    assert s.tick(100 * MS) == 200 * MS  # 5 ms late; next deadline is one period on
+    assert s.tick(200 * MS) == 500 * MS  # on time, but the sample ran to 450 ms: skip 300, 400
+    assert s.at == [105 * MS, 200 * MS]
+    assert s.lateness.to_dict() == {"count": 2, "mean_ms": 2.5, "max_ms": 5.0, "missed": 2}
+
+
+def test_failing_samples_are_counted_and_the_thread_keeps_going() -> None:
+    hooked: list[Any] = []
+    old_hook, threading.excepthook = threading.excepthook, hooked.append
+    try:
+        with Recording(fail=True, hz=200) as s:
+            wait_for(lambda: s.errors >= 3)
+            assert s.is_alive()
+    finally:
+        threading.excepthook = old_hook
+    assert not hooked and not s.is_alive() and s.lateness.count >= 3
+
+
+def test_stop_is_idempotent_safe_unstarted_and_final() -> None:
+    s = Recording(hz=100)
+    s.stop()  # never started
+    s.start()
+    s.start()  # already running: no second thread
+    assert len(pipeprof_threads()) == 1
+    s.stop()
+    s.stop()
+    assert not s.is_alive() and not pipeprof_threads()
+    with pytest.raises(RuntimeError, match="make a new one"):
+        s.start()
+    with pytest.raises(ValueError):
+        Recording(hz=0)
+
+
+# ---- NVML through the fake module ---------------------------------------------------------------
+
+
+def test_nvml_driver_samples_give_exact_time_weighted_means() -> None:
+    gpu = FakeGpu("A100", samples=[[99, 99], [10, 30], [50]], util=[77], mem_util=[5, 15])
+    fake, clock = FakeNvml([gpu]), FakeClock()
+    d = drive(NvmlSampler(nvml=fake, clock=clock), clock, [100, 300])
+    assert d["available"] and d["note"] is None
+    (dev,) = d["devices"]
+    # the priming batch (99s) is history; then 20 % for 100 ms and 50 % for 200 ms
+    assert dev["util_mean"] == pytest.approx((20 * 100 + 50 * 200) / 300)
+    assert (dev["util_p50"], dev["util_max"]) == (50.0, 50.0)
+    assert dev["mem_util_mean"] == pytest.approx((5 * 100 + 15 * 200) / 300)
+    assert dev == dev | {
+        "index": 0,
+        "name": "A100",
+        "mem_used_max_mb": 1024.0,
+        "mem_total_mb": 16384.0,
+        "power_mean_w": 100.0,
+        "sm_clock_mean_mhz": 1500.0,
+    }
+    assert gpu.seen_timestamps == [0, 1_002_000, 1_004_000]  # each call asks for newer samples
+    assert d["timeline"]["t_ns"] == [100 * MS, 300 * MS]
+    assert d["timeline"]["util"] == [[20.0], [50.0]]
+    assert fake.inits == fake.shutdowns == 1
+    json.dumps(d)
+
+
+def test_nvml_falls_back_to_utilization_rates() -> None:
+    unsupported = FakeGpu("old", samples=None, util=[30, 60])
+    quiet = FakeGpu("idle", samples=[[1], [], [70]], util=[40])  # no new samples in interval 1
+    fake, clock = FakeNvml([unsupported, quiet]), FakeClock()
+    d = drive(NvmlSampler(nvml=fake, clock=clock), clock, [100, 200, 300])
+    assert d["timeline"]["util"] == [[30.0, 40.0], [60.0, 70.0], [60.0, 40.0]]
+    assert unsupported.calls.get("samples") is None and fake.log.count("nvmlDeviceGetSamples") == 5
+    assert [n for n in d["notes"] if "samples" in n] == [
+        "utilisation samples not supported on GPU 0: utilisation falls back to "
+        "nvmlDeviceGetUtilizationRates, whose 1/6-1 s window blurs short stalls."
+    ]
+
+
+def test_nvml_error_on_one_call_is_na_never_zero() -> None:
+    fail: dict[str, list[Exception | None]] = {
+        "nvmlDeviceGetPowerUsage": [None, NVMLError_Unknown(), None],
+        "nvmlDeviceGetUtilizationRates": [None, NVMLError_Unknown()],
+    }
+    fake, clock = FakeNvml([FakeGpu(samples=None, util=[10, 99, 40])], fail=fail), FakeClock()
+    d = drive(NvmlSampler(nvml=fake, clock=clock), clock, [100, 200, 300])
+    assert d["timeline"]["power_w"] == [[100.0], [None], [100.0]]
+    assert d["timeline"]["util"] == [[10.0], [None], [99.0]]  # the failed call consumed nothing
+    (dev,) = d["devices"]
+    assert dev["power_mean_w"] == 100.0
+    assert dev["util_mean"] == pytest.approx((10 + 99) / 2)
+    assert d["query_errors"] == 3 and '"power_w": [[100.0], [null], [100.0]]' in json.dumps(d)
+    assert any("reading power draw on GPU 0 failed (Unknown)" in n for n in d["notes"])
+
+
+def test_nvml_unsupported_metric_is_noted_once_with_advice() -> None:
+    fake, clock = FakeNvml([FakeGpu(power_mw=None)]), FakeClock()
+    d = drive(NvmlSampler(nvml=fake, clock=clock), clock, [100, 200, 300])
+    assert d["available"] and d["devices"][0]["power_mean_w"] is None
+    assert d["timeline"]["power_w"] == [[None], [None], [None]]
+    assert d["notes"] == [
+        "power draw not supported on GPU 0: power_mean_w is n/a; nothing to fix, "
+        "some GPUs do not report power."
+    ]
+    assert d["note"] == d["notes"][0]
+
+
+@pytest.mark.parametrize(
+    ("fake", "says"),
+    [
+        (FakeNvml([FakeGpu()], library=False), "No NVIDIA driver library (libnvidia-ml.so)"),
+        (FakeNvml([FakeGpu()], driver=False), "The NVIDIA driver is not loaded"),
+        (FakeNvml([]), "NVML found no GPU"),
+    ],
+)
+def test_nvml_unavailable_says_why_and_does_not_crash(fake: FakeNvml, says: str) -> None:
+    with NvmlSampler(hz=100, nvml=fake) as s:
+        wait_for(lambda: not s.is_alive())  # the thread gives up by itself
+    d = s.to_dict()
+    assert d["available"] is False and d["note"].startswith(says) and d["devices"] == []
+    assert fake.shutdowns == fake.inits  # shut down exactly when initialised
+    json.dumps(d)
+
+
+def test_nvml_without_pynvml_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    s = NvmlSampler()
+    assert not s.prime() and not s.to_dict()["available"]
+    assert "pip install nvidia-ml-py" in s.to_dict()["note"]
+
+
+def test_nvml_gpus_restricts_devices() -> None:
+    fake = FakeNvml([FakeGpu("g0"), FakeGpu("g1"), FakeGpu("g2")])
+    clock = FakeClock()
+    d = drive(NvmlSampler(gpus=[2], nvml=fake, clock=clock), clock, [])
+    assert [(x["index"], x["name"]) for x in d["devices"]] == [(2, "g2")]
+    s = NvmlSampler(gpus=[5], nvml=FakeNvml([FakeGpu()]))
+    assert not s.prime() and "gpus= with indices from 0 to 0" in s.to_dict()["note"]
+    s.close()
+
+
+def test_nvml_thread_is_a_named_daemon_that_inits_lazily_and_shuts_down() -> None:
+    fake = FakeNvml([FakeGpu(samples=[[1], [2], [3]])])
+    s = NvmlSampler(hz=100, nvml=fake)
+    assert fake.inits == 0  # nothing touched NVML before start()
+    s.start()
+    (thread,) = pipeprof_threads()
+    assert thread.name == "pipeprof-nvml" and thread.daemon
+    wait_for(lambda: s.lateness.count >= 3)
+    s.stop()
+    assert fake.init_thread == "pipeprof-nvml" and fake.shutdowns == 1
+    assert not s.is_alive() and not pipeprof_threads()
+    d = s.to_dict()
+    assert len(d["timeline"]["t_ns"]) == d["lateness"]["count"] >= 3
+
+
+def _nvml_in_child(conn: Any) -> None:
+    fake = FakeNvml([FakeGpu()])
+    s = NvmlSampler(nvml=fake)
+    s.start()
+    alive = s.is_alive()
+    primed = s.prime()
+    s.stop()
+    d = s.to_dict()
+    conn.send((d["available"], d["note"], fake.inits, alive, primed))
+
+
+def test_nvml_refuses_inside_a_child_process() -> None:
+    parent, child = multiprocessing.Pipe()
+    p = multiprocessing.get_context("fork").Process(target=_nvml_in_child, args=(child,))
+    p.start()
+    available, note, inits, alive, primed = parent.recv()
+    p.join(10)
+    assert (available, inits, alive, primed) == (False, 0, False, False)
+    assert "only used from the main process" in note
+
+
+def test_importing_samplers_loads_no_hardware_library() -> None:
+    code = (
+        "import sys, pipeprof; had = 'psutil' in sys.modules\n"
+        "import pipeprof.samplers, pipeprof.samplers.nvml, pipeprof.samplers.host\n"
+        "assert 'pynvml' not in sys.modules, 'pynvml imported'\n"
+        "assert ('psutil' in sys.modules) == had, 'psutil imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.getcwd())
+
+
+# ---- host sampler on real processes -------------------------------------------------------------
+
+
+def _busy(seconds: float, conn: Any = None) -> None:
+    """Spin for ``seconds`` of wall time; send the CPU % actually used down ``conn``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() < wall + seconds:
+        pass
+    if conn is not None:
+        conn.send(100 * (time.process_time() - cpu) / (time.perf_counter() - wall))
+
+
+@pytest.fixture
+def host_run() -> Iterator[tuple[HostSampler, int, float]]:
+    """Main busy 0.25 s, then a forked child busy 0.5 s, sampled at 50 Hz."""
+    s = HostSampler(hz=50)
+    s.start()
+    try:
+        _busy(0.25)
+        parent, child = multiprocessing.Pipe()
+        p = multiprocessing.get_context("fork").Process(target=_busy, args=(0.5, child))
+        p.start()
+        child_pct = parent.recv()
+        p.join(10)
+        time.sleep(0.05)
+        yield s, p.pid or 0, child_pct
+    finally:
+        s.stop()
+
+
+def test_host_sampler_measures_main_and_late_child(
+    host_run: tuple[HostSampler, int, float],
+) -> None:
+    s, child_pid, child_pct = host_run
+    (thread,) = pipeprof_threads()
+    assert thread.name == "pipeprof-host" and thread.daemon
+    s.stop()
+    assert not s.is_alive() and not pipeprof_threads()
+    d = s.to_dict()
+    main, *children = d["per_process"]
+    assert main["role"] == "main" and main["pid"] == os.getpid()
+    assert main["cpu_max"] > 20 and main["cpu_mean"] > 5 and main["rss_max_mb"] > 10
+    # The child started after the sampler and spun all its life: the sampler must see it busy,
+    # and agree with the CPU time the child measured itself (it shares 2 cores with other jobs).
+    (child,) = [c for c in children if c["pid"] == child_pid]
+    assert child["role"] == "child" and child["cpu_mean"] > 15
+    assert child["cpu_mean"] == pytest.approx(child_pct, abs=20)
+    assert max(c for c in d["timeline"]["children_cpu"] if c is not None) > 15
+    assert d["cpu_count"] == psutil.cpu_count() and 0 < d["cpu_util_mean"] <= 100
+    assert d["rss_max_mb"] >= main["rss_max_mb"] and d["iowait_mean"] is not None
+    assert d["lateness"]["count"] == len(d["timeline"]["t_ns"]) >= 20
+    assert d["errors"] == 0
+    json.dumps(d)
