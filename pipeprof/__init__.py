@@ -9,6 +9,7 @@ from pipeprof.profiler import load, profile
 from pipeprof.recorder import stage
 from pipeprof.report import Report
 from pipeprof.session import Session
+from pipeprof.timer import Timer
 
 __version__ = "0.1.0"
-__all__ = ["Report", "Session", "__version__", "load", "profile", "stage"]
+__all__ = ["Report", "Session", "Timer", "__version__", "load", "profile", "stage"]

@@ -93,7 +93,7 @@ class TimeWeighted:
         """Record ``value`` for the interval ending at ``t_ns`` (ns)."""
         last, self._last_t = self._last_t, t_ns
         if value is None or isinstance(value, NaType):
-            value = 0.0
+            return
         self.count += 1
         self.max = value if self.max is None else max(self.max, value)
         if last is None or t_ns <= last:

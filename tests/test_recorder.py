@@ -1,0 +1,80 @@
+"""Stage paths, nesting and self time, with a fake clock."""
+
+import pytest
+
+import pipeprof
+from pipeprof import recorder as recmod
+from pipeprof.recorder import recorder, timed_call
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(recmod, "clock", clock)
+    rec = recorder()
+    rec.enabled = True
+    rec.reset("main")
+    yield clock
+    rec.enabled = False
+    rec.reset("main")
+
+
+def test_detached_stage_is_subtracted_and_relative_stage_included(fake):
+    rec = recorder()
+
+    def transform(x):
+        fake.now += 3_000
+        return x
+
+    frame = rec.open("load")
+    fake.now += 1_000
+    with pipeprof.stage("read"):  # relative: load/read, part of load
+        fake.now += 2_000
+    timed_call("transform/T", transform, 1)  # absolute: detached from load
+    fake.now += 500
+    rec.close(frame, detach=True)
+    stats = rec.drain()["stats"]
+    assert stats["load"].total_ns == 3_500  # 1000 + 2000 + 500, not the transform's 3000
+    assert stats["load/read"].total_ns == 2_000
+    assert stats["transform/T"].total_ns == 3_000
+
+
+def test_stage_outside_a_profile_is_a_no_op_and_bad_names_fail():
+    with pipeprof.stage("x"):
+        pass
+    assert not recorder().raw
+    with pytest.raises(ValueError, match="relative name"):
+        with pipeprof.stage("/abs"):
+            pass
+
+
+def test_exception_in_a_stage_still_closes_it(fake):
+    rec = recorder()
+    with pytest.raises(RuntimeError, match="mine"):
+        with pipeprof.stage("outer"):
+            fake.now += 10
+            timed_call("boom", _raise)
+    assert not rec.stack
+    stats = rec.drain()["stats"]
+    assert stats["outer"].count == 1 and stats["boom"].count == 1
+
+
+def _raise():
+    raise RuntimeError("mine")
+
+
+def test_per_item_durations_for_batched_loads(fake):
+    rec = recorder()
+    frame = rec.open("load")
+    fake.now += 8_000
+    rec.close(frame, n=4)
+    stat = rec.drain()["stats"]["load"]
+    assert stat.count == 4 and stat.total_ns == 8_000 and stat.max_ns == 2_000

@@ -1,0 +1,81 @@
+"""Report contract, save/load round trip and renderers, on a real (small) profile."""
+
+import json
+
+import pytest
+from pipelines import CostDataset, Scale
+from torch.utils.data import DataLoader
+from torchvision import transforms
+
+import pipeprof
+
+CONTRACT = {"schema", "mode", "framework", "batches", "samples", "wall_s", "throughput",
+            "stages", "loop", "workers", "gpu", "host", "verdict", "findings", "what_if",
+            "overhead", "startup_s", "steady", "latency"}
+
+
+@pytest.fixture(scope="module")
+def report():
+    ds = CostDataset(32, load_ms=1.0, transform=transforms.Compose([Scale(2.0)]))
+    return pipeprof.profile(DataLoader(ds, batch_size=4, num_workers=2))
+
+
+def test_contract_keys_and_units(report):
+    d = report.to_dict()
+    assert CONTRACT <= d.keys()
+    assert d["schema"] == "pipeprof/1" and d["mode"] == "loader" and d["framework"] == "torch"
+    assert d["batches"] == 8 and d["samples"] == 32
+    for row in d["stages"].values():
+        assert {"total_s", "count", "mean_ms", "p50_ms", "p95_ms", "p99_ms"} <= row.keys()
+    assert d["throughput"]["samples_per_s"] == pytest.approx(32 / d["wall_s"], rel=1e-3)
+    assert d["verdict"]["stage"] == "transform/Scale"  # 2 ms spin vs 1 ms sleep
+    assert {"id", "pid", "busy_s", "batches"} <= d["workers"][0].keys()
+    assert 0 < d["overhead"]["per_event_ns"] and d["overhead"]["events"] >= 32 * 2 + 8
+    json.dumps(d)  # plain data
+
+
+def test_save_and_load_round_trip(report, tmp_path):
+    path = report.save(tmp_path / "run.json")
+    again = pipeprof.load(path)
+    assert again.to_dict() == report.to_dict()
+    on_disk = json.loads(path.read_text())
+    assert on_disk["schema"] == "pipeprof/1" and "session" in on_disk
+
+
+def test_load_errors_say_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such pipeprof file"):
+        pipeprof.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"x": 1}')
+    with pytest.raises(ValueError, match="holds no pipeprof session"):
+        pipeprof.load(bad)
+    future = tmp_path / "future.json"
+    future.write_text('{"session": {"schema_version": 99}}')
+    with pytest.raises(ValueError, match="upgrade pipeprof"):
+        pipeprof.load(future)
+
+
+def test_older_session_files_load_with_defaults(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"session": {"schema_version": 1, "batches": 2, "samples": 8,
+                                           "start_ns": 0, "end_ns": 10**9}}))
+    d = pipeprof.load(old).to_dict()
+    assert d["samples"] == 8 and d["stages"] == {} and d["throughput"]["samples_per_s"] == 8.0
+
+
+def test_text_summary_fits_80_columns_and_names_stages(report):
+    text = report.render("text")
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for word in ("load", "transform", "Scale", "collate", "worker0", "worker1", "overhead"):
+        assert word in text
+    assert "\x1b[" not in text  # plain when not a terminal
+
+
+def test_html_is_self_contained(report):
+    html = report.render("html")
+    assert html.startswith("<!DOCTYPE html>") and "<svg" in html
+    assert "http://" not in html and "https://" not in html and "<script src" not in html
+    assert 'data-stage="transform/Scale"' in html
+    assert report._repr_html_().startswith("<style>")
+    bundle = report._repr_mimebundle_()
+    assert {"text/html", "text/plain"} <= bundle.keys()
