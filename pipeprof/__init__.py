@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from pipeprof.loop import Profiler
 from pipeprof.profiler import load, profile
 from pipeprof.recorder import stage
 from pipeprof.report import Report
@@ -12,4 +13,4 @@ from pipeprof.session import Session
 from pipeprof.timer import Timer
 
 __version__ = "0.1.0"
-__all__ = ["Report", "Session", "Timer", "__version__", "load", "profile", "stage"]
+__all__ = ["Profiler", "Report", "Session", "Timer", "__version__", "load", "profile", "stage"]

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from pipeprof import findings
+from pipeprof.attribution import loop_section, timeline
 from pipeprof.session import Session
 from pipeprof.stats import Stat
 
@@ -155,7 +156,7 @@ def analyze(session: Session) -> dict[str, Any]:
         "steady": steady,
         "latency": _latency(session.wait),
         "stages": stages,
-        "loop": session.loop.get("report") if session.mode == "loop" else None,
+        "loop": loop_section(session, session.samples / max(session.batches, 1)),
         "workers": workers,
         "gpu": session.gpu,
         "host": session.host,
@@ -164,6 +165,10 @@ def analyze(session: Session) -> dict[str, Any]:
         "interrupted": session.interrupted,
         "overhead": overhead(session, stages),
     }
+    if report["gpu"] is not None and report["loop"] is not None:
+        report["gpu"] = {**report["gpu"],
+                         "idle_while_waiting_fraction": report["loop"]["idle_while_waiting_fraction"]}
+    report["timeline"] = timeline(session)
     report["verdict"], report["findings"], report["what_if"] = findings.assess(report)
     return report
 

@@ -8,6 +8,7 @@ Thresholds start from TensorFlow's input-bound rule (≥ 20 % of step time waiti
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -192,7 +193,111 @@ def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     )
 
 
+HIGH_WAIT = 0.20  # TensorFlow's profiler: "highly input-bound"
+MODERATE_WAIT = 0.05  # ... "moderately input-bound"; torch-tb-profiler's DataLoader > 5 %
+
+
+def _loop_view(loop: dict[str, Any]) -> dict[str, Any]:
+    """The steady state when there is enough of it, else all steps."""
+    steady = loop.get("steady") or {}
+    return steady if (steady.get("steps") or 0) >= 3 and steady.get("wall_s") else loop
+
+
+def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """input-, transfer- or overhead-bound when that share of step time passes 5 % (high at
+    20 %) and is the largest non-compute share; compute-bound otherwise."""
+    view = _loop_view(report["loop"])
+    shares = {k: view.get(f"{k}_fraction") or 0.0 for k in ("wait", "transfer", "overhead")}
+    part = max(shares, key=lambda k: shares[k])
+    frac = shares[part]
+    who = "the GPU" if (report.get("gpu") or {}).get("available") else "the loop"
+    if frac < MODERATE_WAIT:
+        return {"kind": "compute-bound", "severity": "low", "stage": None, "fraction": round(
+            view.get("compute_fraction") or 0.0, 4), "headline": f"compute-bound: {who} spent "
+            f"{view.get('compute_fraction') or 0:.0%} of step time computing; data was ready"}  # fmt: skip
+    kind = {"wait": "input-bound", "transfer": "transfer-bound", "overhead": "overhead-bound"}[part]
+    what = {"wait": "waited for data", "transfer": "copied batches to the device",
+            "overhead": "ran non-compute regions (logging, callbacks)"}[part]  # fmt: skip
+    stage = facts["limiting"] if part == "wait" else ("transfer/h2d" if part == "transfer" else None)
+    return {"kind": kind, "severity": "high" if frac >= HIGH_WAIT else "moderate",
+            "stage": stage, "fraction": round(frac, 4),
+            "headline": f"{kind}: {who} {what} {frac:.0%} of the time"
+            + (f"; {stage} limits the pipeline" if stage and part == "wait" else "")}  # fmt: skip
+
+
+def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    loop = report.get("loop")
+    rate, n, cores = facts["rate"], facts["n_workers"], facts["cores"]
+    if not loop or rate is None or report["verdict"]["kind"] != "input-bound":
+        return None
+    compute_rate = (loop.get("throughput") or {}).get("compute_samples_per_s")
+    if not compute_rate:
+        return None
+    need = max(1, math.ceil(compute_rate / rate))
+    if need <= n:
+        return None
+    evidence = {"compute_samples_per_s": compute_rate, "samples_per_s_per_worker": round(rate, 1),
+                "workers_needed": need, "num_workers": n, "cores": cores}  # fmt: skip
+    msg = (f"{need} workers would feed the measured {compute_rate:.0f} samples/s of compute "
+           f"({rate:.0f} samples/s per worker); you have {n}")  # fmt: skip
+    if need <= cores - 1:
+        fix = f"DataLoader(num_workers={need})"
+    else:
+        fix = (f"{need} workers exceed the {cores} cores: make {facts['limiting']} cheaper "
+               f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU")
+    return _finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
+
+
+def rule_transfer(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    loop = report.get("loop")
+    if not loop:
+        return None
+    frac = _loop_view(loop).get("transfer_fraction") or 0.0
+    if frac < MODERATE_WAIT:
+        return None
+    pinned = bool(report.get("meta", {}).get("pin_memory"))
+    fix = ("DataLoader(pin_memory=True) and batch.to(device, non_blocking=True) overlap the copy "
+           "with compute" if not pinned else
+           "copies are pinned already: send smaller batches (uint8 images, normalise on the GPU)")
+    return _finding("transfer", "warning", "transfer/h2d",
+                    f"copying batches to the device takes {frac:.0%} of step time",
+                    {"transfer_fraction": frac, "pin_memory": pinned}, fix)  # fmt: skip
+
+
+def rule_threads(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    meta = report.get("meta", {})
+    threads, n, cores = int(meta.get("torch_threads") or 0), facts["n_workers"], facts["cores"]
+    if not report.get("loop") or not threads or n + threads <= cores:
+        return None
+    return _finding(
+        "threads-oversubscribed", "warning", None,
+        f"{n} workers + {threads} intra-op threads in the training process on {cores} cores",
+        {"num_workers": n, "torch_threads": threads, "cores": cores},
+        f"torch.set_num_threads({max(1, cores - n)}) in the training process, or fewer workers",
+    )
+
+
+def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    loop = report.get("loop")
+    if not loop:
+        return None
+    frac = _loop_view(loop).get("overhead_fraction") or 0.0
+    if frac < MODERATE_WAIT:
+        return None
+    from pipeprof.loop import region_class
+
+    regions = {k: v for k, v in loop["regions"].items() if region_class(k) == "overhead"}
+    top = max(regions, key=lambda k: regions[k]["total_s"]) if regions else "?"
+    return _finding(
+        "overhead-regions", "warning", None,
+        f"non-compute regions take {frac:.0%} of step time; '{top}' is the largest",
+        {"overhead_fraction": frac, "region": top},
+        f"run '{top}' less often (every N steps) or asynchronously",
+    )
+
+
 RULES: list[Rule] = [
+    rule_workers_needed, rule_transfer, rule_threads, rule_overhead_regions,
     rule_dominant_stage, rule_more_workers, rule_oversubscribed, rule_imbalance,
     rule_slow_startup, rule_pin_memory, rule_overhead,
 ]  # fmt: skip
@@ -215,15 +320,11 @@ def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any
 def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[dict[str, Any]]]:
     """Verdict, findings (most severe first) and what-if estimates for a report."""
     facts = pipeline_facts(report)
+    verdict = loop_verdict(report, facts) if report.get("loop") else loader_verdict(report, facts)
+    report["verdict"] = verdict  # rules read it
     found = [f for rule in RULES if (f := rule(report, facts)) is not None]
     order = {"critical": 0, "warning": 1, "info": 2}
     found.sort(key=lambda f: order.get(f["severity"], 3))
-    loop = report.get("loop")
-    if loop and loop.get("verdict"):
-        verdict = dict(loop["verdict"])
-        verdict.setdefault("stage", facts["limiting"])
-    else:
-        verdict = loader_verdict(report, facts)
     return verdict, found, what_if(report, facts)
 
 

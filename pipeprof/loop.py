@@ -1,0 +1,407 @@
+"""``pipeprof.Profiler``: a training loop's time attributed to wait, transfer, compute and regions.
+
+NOTE [ Step attribution ]
+A step starts when the loop asks for a batch. ``wait`` is the time blocked in ``next()``;
+``transfer`` is the host-to-device copy when pipeprof moves the batch (``device=``), plus the
+user's regions named ``Transfer``/``H2D``/``IO``; ``compute`` is the rest of the step, from the
+moment the batch is handed over to the next request, minus "overhead" regions (any region that
+is not a compute key — logging, callbacks, ``Other``). ``Epoch`` and ``Batch`` regions are
+containers and count nowhere. The first step of every epoch (worker start-up, prefetch fill)
+is kept apart: ``steady`` figures leave it out, the totals keep it.
+
+On a GPU the loop's CPU side can run ahead of asynchronous kernels, so a step's CPU view
+under-states compute and over-states wait. With a CUDA device, CUDA events bracket each
+compute phase; where the GPU's compute time exceeds the CPU's, the excess is moved from wait to
+compute (the GPU was still busy while the CPU waited).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from pipeprof.recorder import clock, measure_overhead, recorder
+from pipeprof.report import Report
+from pipeprof.session import Session
+from pipeprof.stats import Stat
+from pipeprof.timer import Timer
+
+STEP_RING = 10_000  # recent steps kept for timelines
+COMPUTE_KEYS = frozenset({"Forward", "Backward", "Comm", "Loss", "Optimizer", "Step", "Compute"})
+TRANSFER_KEYS = frozenset({"Transfer", "H2D", "IO", "transfer", "h2d"})
+CONTAINER_KEYS = frozenset({"Epoch", "Batch"})
+
+
+def region_class(key: str) -> str:
+    """How a region counts in the step: compute, transfer, container or overhead."""
+    if key in COMPUTE_KEYS:
+        return "compute"
+    if key in TRANSFER_KEYS:
+        return "transfer"
+    if key in CONTAINER_KEYS:
+        return "container"
+    return "overhead"
+
+
+class Profiler:
+    """Profiles a training loop: wrap its data, mark regions, get a Report.
+
+    >>> prof = pipeprof.Profiler(device="cuda")
+    >>> with prof:
+    ...     for batch in prof.wrap(loader):        # the same batches as the plain loader
+    ...         with prof.region("Forward"): ...
+    >>> prof.report()
+
+    ``device`` moves each batch there (timed as ``transfer/h2d``). ``sample_hz`` is the NVML and
+    host sampling rate (0 turns sampling off); ``gpus`` the NVML indices to sample (default: the
+    device's). ``stream`` names a file the session is saved to every ``flush_s`` seconds while the
+    loop runs and at the end, so a crash loses at most that interval. ``replay`` keeps that many
+    batches for ``Profiler.replay`` (compute-only baseline).
+    """
+
+    def __init__(self, device: Any = None, *, sample_hz: float = 10.0,
+                 gpus: list[int] | None = None, stream: str | None = None, flush_s: float = 10.0,
+                 replay: int = 0, timer: str = "auto", nvml: Any = None,
+                 event_factory: Callable[[], Any] | None = None) -> None:  # fmt: skip
+        if sample_hz < 0:
+            raise ValueError(f"sample_hz must be >= 0, got {sample_hz}")
+        self.device = device
+        self.sample_hz = sample_hz
+        self.gpus = gpus
+        self.stream = stream
+        self.flush_s = flush_s
+        self.replay_batches = replay
+        self._nvml_module = nvml
+        self.session = Session(mode="loop")
+        self.timer = Timer(backend=timer, sink=self._on_region,  # type: ignore[arg-type]
+                           event_factory=event_factory)
+        self.session.loop = _empty_loop()
+        self._class_ns = {"transfer": 0, "overhead": 0}
+        self._samplers: list[Any] = []
+        self._nvml: Any = None
+        self._running = False
+        self._last_flush = 0.0
+        self._cached: list[Any] = []
+        self._gpu_events: list[tuple[Any, Any]] = []
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Profiler:
+        if self._running:
+            raise RuntimeError("this Profiler is already running")
+        s = self.session
+        s.overhead_ns = measure_overhead()
+        s.start_ns = clock()
+        self._last_flush = time.monotonic()
+        self._running = True
+        if self.sample_hz:
+            from pipeprof.samplers import HostSampler
+
+            self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        return self
+
+    def stop(self, interrupted: bool = False) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self.timer.flush()
+        self._resolve_gpu(block=True)
+        s = self.session
+        s.end_ns = clock()
+        s.interrupted = s.interrupted or interrupted
+        for sampler in self._samplers:
+            sampler.stop()
+        self._collect_samplers()
+        rec = recorder()
+        if rec.raw:
+            s.merge(rec.drain())
+        if self.stream:
+            s.save(self.stream)
+
+    def __enter__(self) -> Profiler:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop(interrupted=exc_type is not None)  # the exception itself propagates
+
+    def report(self) -> Report:
+        """The Report so far (works during, after, and after an exception in the loop)."""
+        if self._running:
+            self._collect_samplers()
+            self.session.end_ns = clock()
+        return Report(self.session)
+
+    # ---- regions --------------------------------------------------------------------------
+
+    def region(self, key: str) -> Any:
+        """A timed region (``Forward``, ``Backward``, ``Comm``, ``IO``, ``Other``, any name)."""
+        return self.timer.region(key)
+
+    def _on_region(self, key: str, start_ns: int, duration_ns: int) -> None:
+        loop = self.session.loop
+        stat = loop["regions"].get(key)
+        if stat is None:
+            stat = loop["regions"][key] = Stat()
+        stat.add(duration_ns)
+        self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
+        kind = region_class(key)
+        if kind in self._class_ns:
+            self._class_ns[kind] += duration_ns
+
+    # ---- the data ---------------------------------------------------------------------------
+
+    def wrap(self, data: Iterable[Any], device: Any = None) -> Iterator[Any]:
+        """Iterate ``data`` (a DataLoader, a tf.data.Dataset or any iterable) and time each step."""
+        if not self._running:
+            self.start()
+        device = device if device is not None else self.device
+        source = self._source(data, device)
+        return self._steps(source, moves=getattr(source, "h2d", None) is not None)
+
+    def _source(self, data: Any, device: Any) -> Iterable[Any]:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(data, torch.utils.data.DataLoader):
+            from pipeprof.collectors.torch import ProfiledLoader
+
+            return ProfiledLoader(data, self.session, device)
+        tf = sys.modules.get("tensorflow")
+        if tf is not None and isinstance(data, tf.data.Dataset):
+            from pipeprof.collectors.tfdata import ProfiledDataset
+
+            self.session.framework = "tf"
+            return ProfiledDataset(data, self.session, device)  # type: ignore[no-any-return]
+        if not hasattr(data, "__iter__"):
+            raise TypeError(f"Profiler.wrap() needs an iterable of batches, got "
+                            f"{type(data).__name__}")  # fmt: skip
+        return GenericSource(data, self.session)
+
+    def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
+        s, loop = self.session, self.session.loop
+        loop["epochs"] += 1
+        rec = recorder()
+        it = iter(source)
+        first = True
+        handed = 0  # when the last batch went to the user (0: none yet)
+        gpu_start: Any = None
+        try:
+            while True:
+                t_req = clock()
+                if handed:
+                    gpu_start = self._gpu_mark(gpu_start, end=True)
+                    self._end_step(handed, t_req)
+                h2d_before = _h2d_ns(rec, s)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    handed = 0
+                    return
+                t_got = clock()
+                transfer = (_h2d_ns(rec, s) - h2d_before) if moves else 0
+                wait = t_got - t_req - transfer
+                self._begin_step(t_req, wait, transfer, first)
+                first = False
+                if len(self._cached) < self.replay_batches:
+                    self._cached.append(batch)
+                handed = clock()
+                gpu_start = self._gpu_mark(None, end=False)
+                self._maybe_flush()
+                yield batch
+        finally:
+            if handed:
+                self._end_step(handed, clock())
+
+    def _begin_step(self, t_req: int, wait: int, transfer: int, first: bool) -> None:
+        loop = self.session.loop
+        part = loop["first" if first else "steady"]
+        wait = max(0, wait)
+        part["wait"].add(wait)
+        part["transfer"].add(transfer)
+        if loop["startup_ns"] is None:
+            loop["startup_ns"] = wait
+        loop["steps"] += 1
+        loop["step_ring"].append([t_req, wait, transfer, 0, int(first)])
+        self._step_marks = (dict(self._class_ns), part)
+
+    def _end_step(self, handed: int, t_end: int) -> None:
+        """Close the step whose batch was handed over at ``handed`` (NOTE [ Step attribution ])."""
+        before, part = self._step_marks
+        cpu = t_end - handed
+        user_transfer = min(cpu, self._class_ns["transfer"] - before["transfer"])
+        overhead = min(cpu - user_transfer, self._class_ns["overhead"] - before["overhead"])
+        compute = cpu - user_transfer - overhead
+        part["compute"].add(compute)
+        part["overhead"].add(overhead)
+        part["user_transfer"].add(user_transfer)
+        row = self.session.loop["step_ring"][-1]
+        row[2] += user_transfer
+        row[3] = compute
+        part["step"].add(row[1] + row[2] + cpu)
+
+    # ---- GPU compute time (CUDA events) ------------------------------------------------------
+
+    def _gpu_mark(self, start: Any, end: bool) -> Any:
+        if self.timer.backend != "cuda":
+            return None
+        event = self.timer._factory()
+        event.record()
+        if end and start is not None:
+            self._gpu_events.append((start, event))
+            if len(self._gpu_events) >= 64:
+                self._resolve_gpu(block=False)
+            return None
+        return event
+
+    def _resolve_gpu(self, block: bool) -> None:
+        keep = []
+        for start, end in self._gpu_events:
+            if block or end.query():
+                if block:
+                    end.synchronize()
+                self.session.loop["gpu_compute"].add(int(start.elapsed_time(end) * 1e6))
+            else:
+                keep.append((start, end))
+        self._gpu_events = keep
+
+    # ---- samplers and streaming --------------------------------------------------------------
+
+    def _maybe_start_nvml(self) -> None:
+        if self._nvml is not None or not self.sample_hz or not self._running:
+            return
+        from pipeprof.samplers import NvmlSampler
+
+        self._nvml = NvmlSampler(hz=self.sample_hz, gpus=self._gpu_indices(), nvml=self._nvml_module)
+        self._samplers.append(self._nvml.start())
+
+    def _gpu_indices(self) -> list[int] | None:
+        if self.gpus is not None:
+            return list(self.gpus)
+        dev = str(self.device or "")
+        if dev.startswith("cuda:"):
+            return [int(dev.split(":")[1])]
+        return None
+
+    def _collect_samplers(self) -> None:
+        from pipeprof.samplers import HostSampler, NvmlSampler
+
+        for sampler in self._samplers:
+            if isinstance(sampler, NvmlSampler):
+                self.session.gpu = sampler.to_dict()
+            elif isinstance(sampler, HostSampler):
+                self.session.host = sampler.to_dict()
+
+    def _maybe_flush(self) -> None:
+        # NVML starts once the first batch is in: DataLoader workers have forked by then.
+        self._maybe_start_nvml()
+        if not self.stream or time.monotonic() - self._last_flush < self.flush_s:
+            return
+        self._last_flush = time.monotonic()
+        self.session.end_ns = clock()
+        self._collect_samplers()
+        self.session.save(self.stream)
+
+    # ---- replay baseline ----------------------------------------------------------------------
+
+    def replay(self, step: Callable[[Any], Any], repeats: int = 3) -> dict[str, Any]:
+        """Run ``step(batch)`` on the cached batches (``Profiler(replay=N)``): compute alone.
+
+        ``step`` must not change your training: build it on a copy of the model and optimizer,
+        or leave out ``optimizer.step()``. Returns and stores compute-only samples/s.
+        """
+        if not self._cached:
+            raise RuntimeError("no cached batches: create the Profiler with replay=N (e.g. 8) "
+                               "and iterate prof.wrap(loader) first")  # fmt: skip
+        samples = sum(batch_size(b) for b in self._cached)
+        step(self._cached[0])  # warm-up
+        _sync()
+        times = []
+        for _ in range(repeats):
+            t0 = clock()
+            for b in self._cached:
+                step(b)
+            _sync()
+            times.append(clock() - t0)
+        best = sorted(times)[len(times) // 2]
+        result = {"batches": len(self._cached), "repeats": repeats,
+                  "compute_samples_per_s": round(samples / (best / 1e9), 3)}  # fmt: skip
+        self.session.loop["replay"] = result
+        return result
+
+
+def _sync() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _h2d_ns(rec: Any, session: Session) -> int:
+    """Host-to-device time recorded so far (the collector times it on the main recorder)."""
+    raw = rec.raw.get("transfer/h2d")
+    pending = sum(raw[1::3]) if raw else 0
+    done = session.stages.get("main", {}).get("transfer/h2d")
+    return pending + (done.total_ns if done is not None else 0)
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in a batch of unknown structure: the leading dimension of its first array."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    if isinstance(batch, dict) and batch:
+        return batch_size(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        return batch_size(first) if hasattr(first, "shape") or isinstance(first, (list, tuple, dict)) else len(batch)
+    return 1
+
+
+class GenericSource:
+    """Any iterable of batches: the pipeline is opaque, only the consumer's wait is known."""
+
+    def __init__(self, data: Iterable[Any], session: Session) -> None:
+        self.data = data
+        self.session = session
+        session.meta.setdefault("source", type(data).__name__)
+
+    def __iter__(self) -> Iterator[Any]:
+        s = self.session
+        t_iter = clock()
+        first = True
+        for batch in _timed(iter(self.data)):
+            t_got, wait = batch[1], batch[2]
+            n = batch_size(batch[0])
+            if first:
+                s.first_batch_ns = t_got - t_iter
+                first = False
+            else:
+                s.wait.add(wait)
+            s.batch_ring.append((s.batches, "main", t_got, wait, n, 0))
+            s.batches += 1
+            s.samples += n
+            yield batch[0]
+
+
+def _timed(it: Iterator[Any]) -> Iterator[tuple[Any, int, int]]:
+    while True:
+        t0 = clock()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        t1 = clock()
+        yield item, t1, t1 - t0
+
+
+PARTS = ("wait", "transfer", "user_transfer", "compute", "overhead", "step")
+
+
+def _empty_loop() -> dict[str, Any]:
+    """Loop-mode data: the first step of each epoch and the steady steps kept apart."""
+    return {
+        "steps": 0, "epochs": 0, "startup_ns": None,
+        "first": {k: Stat() for k in PARTS}, "steady": {k: Stat() for k in PARTS},
+        "gpu_compute": Stat(), "regions": {}, "replay": None,
+        "step_ring": deque(maxlen=STEP_RING),
+    }  # fmt: skip
