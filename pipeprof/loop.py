@@ -85,6 +85,7 @@ class Profiler:
         self._running = False
         self._last_flush = 0.0
         self._cached: list[Any] = []
+        self._twins: list[tuple[Any, Any]] = []
         self._gpu_events: list[tuple[Any, Any]] = []
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -115,6 +116,7 @@ class Profiler:
         for sampler in self._samplers:
             sampler.stop()
         self._collect_samplers()
+        self._twins.clear()  # lets persistent workers of the profiled twins shut down
         rec = recorder()
         if rec.raw:
             s.merge(rec.drain())
@@ -166,7 +168,13 @@ class Profiler:
         if torch is not None and isinstance(data, torch.utils.data.DataLoader):
             from pipeprof.collectors.torch import ProfiledLoader
 
-            return ProfiledLoader(data, self.session, device)
+            # One twin per loader, so persistent workers persist across epochs.
+            for loader, twin in self._twins:
+                if loader is data:
+                    return twin  # type: ignore[no-any-return]
+            twin = ProfiledLoader(data, self.session, device)
+            self._twins.append((data, twin))
+            return twin
         tf = sys.modules.get("tensorflow")
         if tf is not None and isinstance(data, tf.data.Dataset):
             from pipeprof.collectors.tfdata import ProfiledDataset

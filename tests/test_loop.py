@@ -1,0 +1,179 @@
+"""pipeprof.Profiler on real training-like loops with known producer and consumer costs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from pipelines import CostDataset, Scale, spin
+from torch.utils.data import DataLoader
+from torchvision import transforms
+
+import pipeprof
+from pipeprof.loop import batch_size
+
+
+def run_loop(loader, compute_ms: float, **kwargs):
+    """Iterate under the Profiler, measuring the true wait around the iterator ourselves."""
+    prof = pipeprof.Profiler(sample_hz=20, **kwargs)
+    true_wait = 0
+    with prof:
+        it = iter(prof.wrap(loader))
+        t_start = time.perf_counter_ns()  # the loop: from the first request to the last one
+        while True:
+            t0 = time.perf_counter_ns()
+            try:
+                batch = next(it)
+            except StopIteration:
+                wall = t0 - t_start
+                break
+            true_wait += time.perf_counter_ns() - t0
+            with prof.region("Forward"):
+                time.sleep(compute_ms / 1e3)
+    return prof.report(), true_wait / wall, batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("case", ["input", "compute"])
+def test_wait_fraction_matches_truth_and_verdict(workers, case):
+    load_ms, compute_ms = (6.0, 1.0) if case == "input" else (0.0, 60.0)
+    ds = CostDataset(48, load_ms=load_ms, transform=transforms.Compose([Scale(0.0)]))
+    loader = DataLoader(ds, batch_size=4, num_workers=workers)
+    report, true_fraction, _ = run_loop(loader, compute_ms)
+    loop = report["loop"]
+    assert loop["steps"] == 12 and report["samples"] == 48
+    assert loop["wait_fraction"] == pytest.approx(true_fraction, abs=0.03)
+    expected = "input-bound" if case == "input" else "compute-bound"
+    assert report["verdict"]["kind"] == expected
+    if case == "input":
+        assert report["verdict"]["stage"] == "load"
+    parts = loop["wait_s"] + loop["transfer_s"] + loop["compute_s"] + loop["overhead_s"]
+    assert loop["wall_s"] == pytest.approx(parts)
+
+
+def test_regions_transfer_and_overhead_are_attributed():
+    loader = DataLoader(CostDataset(24), batch_size=4)
+    prof = pipeprof.Profiler(device="cpu", sample_hz=0)
+    truth = []
+    with prof:
+        for _ in prof.wrap(loader):
+            with prof.region("Forward"):
+                t0 = time.perf_counter_ns()
+                spin(2.0)
+                truth.append(time.perf_counter_ns() - t0)
+            with prof.region("logging"):
+                time.sleep(0.004)
+    loop = prof.report()["loop"]
+    assert loop["regions"]["Forward"]["count"] == 6
+    true_ms = sum(truth) / len(truth) / 1e6
+    assert loop["regions"]["Forward"]["mean_ms"] == pytest.approx(true_ms, rel=0.05)
+    assert loop["overhead_s"] == pytest.approx(loop["regions"]["logging"]["total_s"], rel=0.01)
+    assert loop["transfer_s"] > 0  # pipeprof moved each batch to the device
+    assert prof.report()["stages"]["transfer/h2d"]["count"] == 6
+    assert prof.report()["verdict"]["kind"] == "overhead-bound"
+
+
+def test_same_batches_as_the_plain_loader_and_epochs_kept_apart():
+    loader = DataLoader(CostDataset(16, transform=transforms.Compose([Scale(0.0)])),
+                        batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+    torch.manual_seed(3)
+    plain = [b[0].clone() for b in loader] + [b[0].clone() for b in loader]
+    torch.manual_seed(3)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        got = [b[0].clone() for b in prof.wrap(loader)]
+        got += [b[0].clone() for b in prof.wrap(loader)]
+    assert len(got) == len(plain) and all(torch.equal(a, b) for a, b in zip(plain, got))
+    loop = prof.report()["loop"]
+    assert loop["epochs"] == 2 and loop["steps"] == 8 and loop["steady"]["steps"] == 6
+
+
+def test_exception_in_loop_propagates_and_partial_report_is_saved(tmp_path):
+    stream = tmp_path / "run.json"
+    prof = pipeprof.Profiler(sample_hz=0, stream=str(stream), flush_s=0.0)
+    loader = DataLoader(CostDataset(40), batch_size=4)
+    with pytest.raises(ZeroDivisionError):
+        with prof:
+            for i, _ in enumerate(prof.wrap(loader)):
+                if i == 3:
+                    1 / 0  # noqa: B018
+    saved = pipeprof.load(stream)
+    assert saved["interrupted"] is True and saved["loop"]["steps"] == 4
+    assert prof.report()["batches"] == 4
+
+
+def test_keyboard_interrupt_keeps_what_was_measured(tmp_path):
+    prof = pipeprof.Profiler(sample_hz=0, stream=str(tmp_path / "r.json"))
+    with pytest.raises(KeyboardInterrupt):
+        with prof:
+            for i, _ in enumerate(prof.wrap(range(100))):
+                if i == 5:
+                    raise KeyboardInterrupt
+    report = pipeprof.load(tmp_path / "r.json")
+    assert report["interrupted"] and report["loop"]["steps"] == 6
+
+
+def test_streaming_keeps_the_file_readable_while_running(tmp_path):
+    stream = tmp_path / "live.json"
+    prof = pipeprof.Profiler(sample_hz=0, stream=str(stream), flush_s=0.0)
+    with prof:
+        for i, _ in enumerate(prof.wrap(range(10))):
+            if i == 6:
+                assert pipeprof.load(stream)["loop"]["steps"] >= 5
+
+
+def test_generic_iterables_and_batch_sizes():
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap([torch.zeros(8, 3), torch.zeros(8, 3)]):
+            pass
+    assert prof.report()["samples"] == 16
+    assert batch_size((torch.zeros(5, 2), torch.zeros(5))) == 5
+    assert batch_size({"x": torch.zeros(7, 1)}) == 7
+    assert batch_size([1, 2, 3]) == 3
+    with pytest.raises(TypeError, match="iterable of batches"):
+        pipeprof.Profiler(sample_hz=0).wrap(42)
+
+
+def test_host_sampler_runs_alongside_and_stops():
+    loader = DataLoader(CostDataset(16, load_ms=5.0), batch_size=4, num_workers=2)
+    report, _, _ = run_loop(loader, 5.0)
+    host = report["host"]
+    assert host["available"] and host["cpu_count"] >= 1
+    assert any(p["role"] == "child" for p in host["per_process"])  # the workers
+    gpu = report["gpu"]
+    assert gpu is not None and gpu["available"] is False and gpu["note"]
+
+
+def test_fake_nvml_lines_up_gpu_utilisation_with_steps():
+    from fake_nvml import FakeGpu, FakeNvml
+
+    nvml = FakeNvml([FakeGpu(util=(30,), samples=None)])
+    loader = DataLoader(CostDataset(24, load_ms=5.0), batch_size=4, num_workers=2)
+    report, _, _ = run_loop(loader, 20.0, nvml=nvml)
+    loop, gpu = report["loop"], report["gpu"]
+    assert gpu["available"] and gpu["devices"][0]["util_mean"] == pytest.approx(30, abs=1)
+    assert loop["gpu_util_waiting"] == pytest.approx(30, abs=1)
+    expected_idle = loop["wait_s"] * 0.7 / loop["wall_s"]
+    assert gpu["idle_while_waiting_fraction"] == pytest.approx(expected_idle, rel=0.05)
+
+
+def test_replay_baseline_measures_compute_only_throughput():
+    loader = DataLoader(CostDataset(32, load_ms=4.0), batch_size=4)
+    prof = pipeprof.Profiler(sample_hz=0, replay=4)
+
+    def step(batch):
+        time.sleep(0.002)
+
+    with prof:
+        for batch in prof.wrap(loader):
+            step(batch)
+    result = prof.replay(step)
+    assert result["batches"] == 4
+    assert result["compute_samples_per_s"] == pytest.approx(4 / 0.002, rel=0.35)
+    tp = prof.report()["loop"]["throughput"]
+    assert tp["replay_compute_samples_per_s"] == result["compute_samples_per_s"]
+    assert tp["speedup_if_data_free"] > 1.5  # loading (4 ms/sample) dominates
+    with pytest.raises(RuntimeError, match="replay=N"):
+        pipeprof.Profiler(sample_hz=0).replay(step)
