@@ -18,7 +18,9 @@ def _parser() -> argparse.ArgumentParser:
                                 "deep-learning input pipelines.")  # fmt: skip
     p.add_argument("--version", action="version", version=f"pipeprof {pipeprof.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="profile a built-in image pipeline (JPEGs it generates)")
+    d = sub.add_parser("demo", help="profile training on a built-in image pipeline (JPEGs it "
+                       "generates; nothing to download)")  # fmt: skip
+    d.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     d.add_argument("--images", type=int, default=256, help="JPEG files to generate (256)")
     d.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
     d.add_argument("--batches", type=int, default=None, help="batches to profile (one epoch)")
@@ -33,21 +35,29 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipeprof.demo import demo_loader, make_images
+    from pipeprof.demo import demo_loader, make_images, train
 
     console = Console()
     with tempfile.TemporaryDirectory(prefix="pipeprof-demo-") as tmp:
         console.print(f"[dim]writing {args.images} JPEG images to {tmp} ...[/dim]")
         make_images(tmp, count=args.images)
         loader = demo_loader(tmp, workers=args.workers)
-        console.print(f"[dim]profiling a DataLoader with {args.workers} workers ...[/dim]")
-        report = pipeprof.profile(loader, batches=args.batches)
+        device = args.device or _default_device()
+        console.print(f"[dim]training a small CNN on {device}, {args.workers} DataLoader "
+                      "workers, under pipeprof.Profiler ...[/dim]")  # fmt: skip
+        report = train(loader, device, batches=args.batches)
     console.print(report)
     path = report.write_html(args.html)
     console.print(f"HTML report: {path.resolve()}")
     if args.output:
         console.print(f"saved: {report.save(args.output)}")
     return 0
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

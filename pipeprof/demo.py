@@ -49,3 +49,38 @@ def demo_loader(root: str | os.PathLike[str], workers: int = 2, batch_size: int 
     ])  # fmt: skip
     dataset = datasets.ImageFolder(str(root), transform=chain)
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
+
+
+def tiny_model() -> Any:
+    """A small CNN for 224×224 RGB images and 4 classes."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 5, stride=4), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4),
+    )  # fmt: skip
+
+
+def train(loader: Any, device: str, batches: int | None = None, sample_hz: float = 10.0) -> Any:
+    """One epoch of real training under ``pipeprof.Profiler``; returns the Report."""
+    import torch
+
+    import pipeprof
+
+    model = tiny_model().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    # On the CPU there is no copy to time; on a GPU pipeprof moves each batch (transfer/h2d).
+    prof = pipeprof.Profiler(device=None if device == "cpu" else device, sample_hz=sample_hz)
+    with prof:
+        for i, (images, labels) in enumerate(prof.wrap(loader)):
+            with prof.region("Forward"):
+                loss = loss_fn(model(images), labels)
+            with prof.region("Backward"):
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            if batches is not None and i + 1 >= batches:
+                break
+    return prof.report()

@@ -15,6 +15,7 @@ belongs exactly to the batch it came with.
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -347,7 +348,10 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "pin_memory": bool(loader.pin_memory),
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": bool(loader.persistent_workers),
-        "multiprocessing_context": ctx.get_start_method() if ctx is not None else None,
+        "multiprocessing_context": ctx.get_start_method() if ctx is not None else (
+            multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0]  # the platform default, not fixed
+        ),
         "device": str(device) if device is not None else None,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
