@@ -60,10 +60,15 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         total = sum(k["total_s"] for k in kids)
         count = max((k["count"] for k in kids), default=0)
         table[parent] = {
-            "total_s": round(total, 9), "count": count,
+            "total_s": round(total, 9),
+            "count": count,
             "mean_ms": round(total * 1e3 / count, 6) if count else None,
-            "p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None, "derived": True,
-        }  # fmt: skip
+            "p50_ms": None,
+            "p95_ms": None,
+            "p99_ms": None,
+            "max_ms": None,
+            "derived": True,
+        }
     samples = max(session.samples, 1)
     top_total = sum(v["total_s"] for k, v in table.items() if "/" not in k) or 1.0
     for path, row in table.items():
@@ -89,16 +94,20 @@ def _order(path: str) -> tuple[Any, ...]:
 def worker_table(session: Session, wall_ns: int) -> list[dict[str, Any]]:
     rows = []
     for track, w in sorted(session.workers.items(), key=lambda kv: _worker_key(kv[0])):
-        rows.append({
-            "id": int(track[6:]) if track.startswith("worker") else None,
-            "track": track,
-            "pid": w.pid,
-            "busy_s": _s(w.busy_ns),
-            "batches": w.batches,
-            "samples": w.samples,
-            "busy_fraction": round(min(1.0, w.busy_ns / wall_ns), 6) if wall_ns else None,
-            "samples_per_busy_s": round(w.samples / (w.busy_ns / 1e9), 3) if w.busy_ns else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": int(track[6:]) if track.startswith("worker") else None,
+                "track": track,
+                "pid": w.pid,
+                "busy_s": _s(w.busy_ns),
+                "batches": w.batches,
+                "samples": w.samples,
+                "busy_fraction": round(min(1.0, w.busy_ns / wall_ns), 6) if wall_ns else None,
+                "samples_per_busy_s": round(w.samples / (w.busy_ns / 1e9), 3)
+                if w.busy_ns
+                else None,
+            }
+        )
     return rows
 
 
@@ -166,8 +175,10 @@ def analyze(session: Session) -> dict[str, Any]:
         "overhead": overhead(session, stages),
     }
     if report["gpu"] is not None and report["loop"] is not None:
-        report["gpu"] = {**report["gpu"],
-                         "idle_while_waiting_fraction": report["loop"]["idle_while_waiting_fraction"]}
+        report["gpu"] = {
+            **report["gpu"],
+            "idle_while_waiting_fraction": report["loop"]["idle_while_waiting_fraction"],
+        }
     report["timeline"] = timeline(session)
     report["verdict"], report["findings"], report["what_if"] = findings.assess(report)
     return report

@@ -17,12 +17,17 @@ def _summary(stat: Stat) -> dict[str, Any]:
     def ms(v: float) -> float | None:
         return None if v != v else round(v / 1e6, 6)  # NaN -> None
 
-    return {"total_s": round(stat.total_ns / 1e9, 9), "count": stat.count,
-            "mean_ms": ms(stat.mean_ns), "p50_ms": ms(stat.percentile_ns(50)),
-            "p95_ms": ms(stat.percentile_ns(95)), "p99_ms": ms(stat.percentile_ns(99)),
-            "min_ms": ms(float(stat.min_ns)) if stat.count else None,
-            "max_ms": ms(float(stat.max_ns)) if stat.count else None,
-            "std_ms": ms(stat.std_ns)}  # fmt: skip
+    return {
+        "total_s": round(stat.total_ns / 1e9, 9),
+        "count": stat.count,
+        "mean_ms": ms(stat.mean_ns),
+        "p50_ms": ms(stat.percentile_ns(50)),
+        "p95_ms": ms(stat.percentile_ns(95)),
+        "p99_ms": ms(stat.percentile_ns(99)),
+        "min_ms": ms(float(stat.min_ns)) if stat.count else None,
+        "max_ms": ms(float(stat.max_ns)) if stat.count else None,
+        "std_ms": ms(stat.std_ns),
+    }
 
 
 def _parts(part: dict[str, Stat], h2d_s: float) -> dict[str, float]:
@@ -59,18 +64,24 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
     shift = _gpu_shift(loop, p_first, p_steady)
     total = {k: p_first[k] + p_steady[k] for k in p_first}
     out = _fractions(total)
-    out.update({
-        "steps": loop["steps"], "epochs": loop["epochs"],
-        "startup_s": round(loop["startup_ns"] / 1e9, 9) if loop["startup_ns"] is not None else None,
-        "steady": {"steps": n_steady, **_fractions(p_steady)},
-        "step_ms": _summary(steady["step"] if n_steady else first["step"]),
-        "wait_ms": _summary(steady["wait"]),
-        "compute_ms": _summary(steady["compute"]),
-        "regions": {k: _summary(v) for k, v in loop["regions"].items()},
-        "gpu_compute_s": round(loop["gpu_compute"].total_ns / 1e9, 9) if loop["gpu_compute"].count
-        else None,
-        "wait_moved_to_gpu_compute_s": round(shift, 9),
-    })  # fmt: skip
+    out.update(
+        {
+            "steps": loop["steps"],
+            "epochs": loop["epochs"],
+            "startup_s": round(loop["startup_ns"] / 1e9, 9)
+            if loop["startup_ns"] is not None
+            else None,
+            "steady": {"steps": n_steady, **_fractions(p_steady)},
+            "step_ms": _summary(steady["step"] if n_steady else first["step"]),
+            "wait_ms": _summary(steady["wait"]),
+            "compute_ms": _summary(steady["compute"]),
+            "regions": {k: _summary(v) for k, v in loop["regions"].items()},
+            "gpu_compute_s": round(loop["gpu_compute"].total_ns / 1e9, 9)
+            if loop["gpu_compute"].count
+            else None,
+            "wait_moved_to_gpu_compute_s": round(shift, 9),
+        }
+    )
     samples = session.samples
     eff = samples / out["wall_s"] if out["wall_s"] else None
     compute_rate = samples / total["compute_s"] if total["compute_s"] else None
@@ -81,8 +92,9 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
         "compute_samples_per_s": round(compute_rate, 3) if compute_rate else None,
         "replay_compute_samples_per_s": measured,
         "speedup_if_data_free": round((measured or compute_rate or 0) / eff, 3)
-        if eff and (measured or compute_rate) else None,
-    }  # fmt: skip
+        if eff and (measured or compute_rate)
+        else None,
+    }
     out["replay"] = replay or None
     out.update(gpu_alignment(session, out))
     return out
@@ -119,8 +131,11 @@ def step_spans(session: Session) -> tuple[list[tuple[int, int]], list[tuple[int,
 def gpu_alignment(session: Session, loop: dict[str, Any]) -> dict[str, Any]:
     """GPU utilisation while waiting vs computing, and the GPU time lost to waiting."""
     gpu = session.gpu or {}
-    out: dict[str, Any] = {"gpu_util_waiting": None, "gpu_util_computing": None,
-                           "idle_while_waiting_fraction": None}  # fmt: skip
+    out: dict[str, Any] = {
+        "gpu_util_waiting": None,
+        "gpu_util_computing": None,
+        "idle_while_waiting_fraction": None,
+    }
     tl = gpu.get("timeline") or {}
     if not gpu.get("available") or not tl.get("t_ns"):
         return out
@@ -143,17 +158,28 @@ def timeline(session: Session) -> dict[str, Any] | None:
     t0 = session.start_ns
     ring = list(session.loop.get("step_ring", [])) if session.loop else []
     stride = max(1, len(ring) // TIMELINE_ROWS)
-    steps = [[round((r[0] - t0) / 1e9, 6), round(r[1] / 1e6, 4), round(r[2] / 1e6, 4),
-              round(r[3] / 1e6, 4)] for r in ring[::stride]]  # fmt: skip
+    steps = [
+        [
+            round((r[0] - t0) / 1e9, 6),
+            round(r[1] / 1e6, 4),
+            round(r[2] / 1e6, 4),
+            round(r[3] / 1e6, 4),
+        ]
+        for r in ring[::stride]
+    ]
     out: dict[str, Any] = {"steps": steps, "gpu": None, "cpu": None}
     gtl = (session.gpu or {}).get("timeline") or {}
     if gtl.get("t_ns"):
-        out["gpu"] = {"t_s": [round((t - t0) / 1e9, 4) for t in gtl["t_ns"]],
-                      "util": gtl.get("util", [])}  # fmt: skip
+        out["gpu"] = {
+            "t_s": [round((t - t0) / 1e9, 4) for t in gtl["t_ns"]],
+            "util": gtl.get("util", []),
+        }
     htl = (session.host or {}).get("timeline") or {}
     if htl.get("t_ns"):
-        out["cpu"] = {"t_s": [round((t - t0) / 1e9, 4) for t in htl["t_ns"]],
-                      "cpu": htl.get("cpu", [])}  # fmt: skip
+        out["cpu"] = {
+            "t_s": [round((t - t0) / 1e9, 4) for t in htl["t_ns"]],
+            "cpu": htl.get("cpu", []),
+        }
     if not steps and out["gpu"] is None and out["cpu"] is None:
         return None
     return out

@@ -14,12 +14,16 @@ from pipeprof.renderers import FORMATS, format_for
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pipeprof", description="Find the bottleneck in "
-                                "deep-learning input pipelines.")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="pipeprof", description="Find the bottleneck in deep-learning input pipelines."
+    )
     p.add_argument("--version", action="version", version=f"pipeprof {pipeprof.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="profile training on a built-in image pipeline (JPEGs it "
-                       "generates; nothing to download)")  # fmt: skip
+    d = sub.add_parser(
+        "demo",
+        help="profile training on a built-in image pipeline (JPEGs it "
+        "generates; nothing to download)",
+    )
     d.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     d.add_argument("--images", type=int, default=256, help="JPEG files to generate (256)")
     d.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
@@ -28,8 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("-o", "--output", default=None, help="also save the report as JSON here")
     r = sub.add_parser("report", help="re-render a saved report")
     r.add_argument("file", help="a JSON file written by report.save() or -o")
-    r.add_argument("--format", choices=FORMATS, default=None,
-                   help="output format (default: from -o's extension, else text)")  # fmt: skip
+    r.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="output format (default: from -o's extension, else text)",
+    )
     r.add_argument("-o", "--output", default=None, help="write here instead of standard output")
     return p
 
@@ -43,8 +51,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         make_images(tmp, count=args.images)
         loader = demo_loader(tmp, workers=args.workers)
         device = args.device or _default_device()
-        console.print(f"[dim]training a small CNN on {device}, {args.workers} DataLoader "
-                      "workers, under pipeprof.Profiler ...[/dim]")  # fmt: skip
+        console.print(
+            f"[dim]training a small CNN on {device}, {args.workers} DataLoader "
+            "workers, under pipeprof.Profiler ...[/dim]"
+        )
         report = train(loader, device, batches=args.batches)
     console.print(report)
     path = report.write_html(args.html)

@@ -1,4 +1,4 @@
-"""The built-in demo: a realistic image pipeline on JPEG files it makes itself (nothing to download)."""
+"""The built-in demo: a realistic image pipeline on JPEGs it makes itself (nothing to download)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from pathlib import Path
 from typing import Any
 
 
-def make_images(root: str | os.PathLike[str], count: int = 256, size: tuple[int, int] = (500, 375),
-                classes: int = 4, seed: int = 0) -> Path:  # fmt: skip
+def make_images(
+    root: str | os.PathLike[str],
+    count: int = 256,
+    size: tuple[int, int] = (500, 375),
+    classes: int = 4,
+    seed: int = 0,
+) -> Path:
     """Write ``count`` photo-like JPEGs (gradients, shapes and noise) in ImageFolder layout."""
     from PIL import Image, ImageDraw, ImageFilter
 
@@ -40,13 +45,15 @@ def demo_loader(root: str | os.PathLike[str], workers: int = 2, batch_size: int 
         raise ImportError(
             "the demo needs torch and torchvision: pip install 'pipeprof[torch]'"
         ) from exc
-    chain = transforms.Compose([
-        transforms.RandomResizedCrop(224),
-        transforms.RandomHorizontalFlip(),
-        transforms.ColorJitter(0.3, 0.3, 0.3),
-        transforms.ToTensor(),
-        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])  # fmt: skip
+    chain = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(224),
+            transforms.RandomHorizontalFlip(),
+            transforms.ColorJitter(0.3, 0.3, 0.3),
+            transforms.ToTensor(),
+            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
     dataset = datasets.ImageFolder(str(root), transform=chain)
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
 
@@ -56,10 +63,14 @@ def tiny_model() -> Any:
     from torch import nn
 
     return nn.Sequential(
-        nn.Conv2d(3, 16, 5, stride=4), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4),
-    )  # fmt: skip
+        nn.Conv2d(3, 16, 5, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 4),
+    )
 
 
 def train(loader: Any, device: str, batches: int | None = None, sample_hz: float = 10.0) -> Any:

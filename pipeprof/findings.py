@@ -33,7 +33,9 @@ def pipeline_facts(report: dict[str, Any]) -> dict[str, Any]:
     meta = report.get("meta", {})
     workers = [w for w in report["workers"] if w["track"].startswith("worker")]
     n_workers = int(meta.get("num_workers") or 0)
-    cores = int((report.get("host") or {}).get("cpu_count") or meta.get("cpu_count") or os.cpu_count() or 1)
+    cores = int(
+        (report.get("host") or {}).get("cpu_count") or meta.get("cpu_count") or os.cpu_count() or 1
+    )
     busy_s = sum(w["busy_s"] for w in report["workers"])
     samples = sum(w["samples"] for w in report["workers"])
     rate = samples / busy_s if busy_s else None  # samples per busy second of one process
@@ -45,20 +47,35 @@ def pipeline_facts(report: dict[str, Any]) -> dict[str, Any]:
     limiting = max(costs, key=lambda p: costs[p]) if costs else None
     pipeline_s = sum(r["total_s"] for r in leaves(report["stages"]).values()) or None
     return {
-        "n_workers": n_workers, "cores": cores, "rate": rate, "limiting": limiting,
-        "costs": costs, "pipeline_s": pipeline_s, "workers": workers,
-        "busy_mean": (sum(w["busy_fraction"] or 0 for w in workers) / len(workers)) if workers else None,
-    }  # fmt: skip
+        "n_workers": n_workers,
+        "cores": cores,
+        "rate": rate,
+        "limiting": limiting,
+        "costs": costs,
+        "pipeline_s": pipeline_s,
+        "workers": workers,
+        "busy_mean": (sum(w["busy_fraction"] or 0 for w in workers) / len(workers))
+        if workers
+        else None,
+    }
 
 
-def _finding(fid: str, severity: str, stage: str | None, message: str, evidence: dict[str, Any],
-             fix: str) -> Finding:  # fmt: skip
-    return {"id": fid, "severity": severity, "stage": stage, "message": message,
-            "evidence": evidence, "fix": fix}  # fmt: skip
+def _finding(
+    fid: str, severity: str, stage: str | None, message: str, evidence: dict[str, Any], fix: str
+) -> Finding:
+    return {
+        "id": fid,
+        "severity": severity,
+        "stage": stage,
+        "message": message,
+        "evidence": evidence,
+        "fix": fix,
+    }
 
 
 _FIXES = {
-    "load/read": "reading is storage-bound: cache the data set in RAM or on a local SSD, pack small "
+    "load/read": "reading is storage-bound: cache the data set in RAM or on a local SSD, pack "
+    "small "
     "files into shards (WebDataset, TFRecord), or add workers so that reads overlap",
     "load/decode": "store the images pre-resized to the training resolution, decode at reduced "
     "size (PIL's Image.draft), or use a faster decoder (torchvision.io.decode_jpeg, on the GPU "
@@ -81,17 +98,26 @@ def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     if path in _FIXES:
         fix = _FIXES[path]
     elif path.startswith("transform/"):
-        fix = (f"{path.split('/')[-1]} runs on the CPU once per sample: apply it to whole batches on "
-               "the GPU (torchvision.transforms.v2 works on batched tensors), precompute it offline "
-               "if it is deterministic, or make it cheaper")  # fmt: skip
+        fix = (
+            f"{path.split('/')[-1]} runs on the CPU once per sample: apply it to whole batches on "
+            "the GPU (torchvision.transforms.v2 works on batched tensors), precompute it offline "
+            "if it is deterministic, or make it cheaper"
+        )
     elif path.startswith("transfer/"):
         fix = "see the transfer findings: pin_memory=True with non_blocking copies"
     else:
         fix = f"make {path} cheaper, or move it off the per-sample path"
     return _finding(
-        "dominant-stage", "warning" if share >= 0.6 else "info", path,
-        f"{path} takes {share:.0%} of the pipeline's time ({row['per_sample_ms']:.3g} ms per sample)",
-        {"share": round(share, 4), "per_sample_ms": row["per_sample_ms"], "total_s": row["total_s"]},
+        "dominant-stage",
+        "warning" if share >= 0.6 else "info",
+        path,
+        f"{path} takes {share:.0%} of the pipeline's time "
+        f"({row['per_sample_ms']:.3g} ms per sample)",
+        {
+            "share": round(share, 4),
+            "per_sample_ms": row["per_sample_ms"],
+            "total_s": row["total_s"],
+        },
         fix,
     )
 
@@ -103,7 +129,9 @@ def rule_more_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     target = max(1, cores - 1)  # leave a core for the training process
     if n == 0:
         return _finding(
-            "no-workers", "warning", facts["limiting"],
+            "no-workers",
+            "warning",
+            facts["limiting"],
             f"loading runs in the training process (num_workers=0) at {rate:.0f} samples/s",
             {"samples_per_s_per_worker": round(rate, 1), "cores": cores},
             f"num_workers={target} would give about {rate * target:.0f} samples/s "
@@ -113,10 +141,16 @@ def rule_more_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     if busy < SATURATED_BUSY or n >= target:
         return None
     return _finding(
-        "workers-saturated", "info", facts["limiting"],
+        "workers-saturated",
+        "info",
+        facts["limiting"],
         f"the {n} workers are busy {busy:.0%} of the time; each delivers {rate:.0f} samples/s",
-        {"busy_fraction": round(busy, 4), "samples_per_s_per_worker": round(rate, 1),
-         "num_workers": n, "cores": cores},  # fmt: skip
+        {
+            "busy_fraction": round(busy, 4),
+            "samples_per_s_per_worker": round(rate, 1),
+            "num_workers": n,
+            "cores": cores,
+        },
         f"num_workers={target} would give about {rate * target:.0f} samples/s on {cores} cores",
     )
 
@@ -127,7 +161,9 @@ def rule_oversubscribed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     if n <= cores:
         return None
     return _finding(
-        "cpu-oversubscribed", "warning", None,
+        "cpu-oversubscribed",
+        "warning",
+        None,
         f"{n} workers (+ the main process with {threads} intra-op threads) share {cores} cores",
         {"num_workers": n, "cores": cores, "torch_threads": threads},
         f"use at most num_workers={max(1, cores - 1)}; extra workers only add switching and memory",
@@ -144,7 +180,9 @@ def rule_imbalance(report: dict[str, Any], facts: dict[str, Any]) -> Finding | N
     if ratio < IMBALANCE:
         return None
     return _finding(
-        "worker-imbalance", "info", None,
+        "worker-imbalance",
+        "info",
+        None,
         f"worker {top['id']} is busy {ratio:.2f}× the mean worker",
         {"busiest_busy_s": top["busy_s"], "mean_busy_s": round(mean, 6), "ratio": round(ratio, 3)},
         "samples differ a lot in cost: sort or bucket them by size, or shard an IterableDataset "
@@ -157,13 +195,18 @@ def rule_slow_startup(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     meta = report.get("meta", {})
     if not start or not wall or start / wall < SLOW_STARTUP or not meta.get("num_workers"):
         return None
-    fix = ("persistent_workers=True keeps workers alive across epochs, paying this once"
-           if not meta.get("persistent_workers") else
-           "start-up is a one-off; profile more batches to see the steady state")  # fmt: skip
+    fix = (
+        "persistent_workers=True keeps workers alive across epochs, paying this once"
+        if not meta.get("persistent_workers")
+        else "start-up is a one-off; profile more batches to see the steady state"
+    )
     return _finding(
-        "slow-startup", "info", None,
+        "slow-startup",
+        "info",
+        None,
         f"the first batch took {start:.2f} s, {start / wall:.0%} of the profile",
-        {"startup_s": start, "wall_s": wall}, fix,
+        {"startup_s": start, "wall_s": wall},
+        fix,
     )
 
 
@@ -174,7 +217,9 @@ def rule_pin_memory(report: dict[str, Any], facts: dict[str, Any]) -> Finding | 
         return None
     h2d = report["stages"].get("transfer/h2d", {})
     return _finding(
-        "pin-memory", "info", "transfer/h2d",
+        "pin-memory",
+        "info",
+        "transfer/h2d",
         f"batches are copied to {device} from pageable memory "
         f"({h2d.get('mean_ms') or 0:.3g} ms per batch)",
         {"h2d_mean_ms": h2d.get("mean_ms"), "pin_memory": False},
@@ -187,9 +232,12 @@ def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     if frac is None or frac < 0.02:
         return None
     return _finding(
-        "profiler-overhead", "warning", None,
+        "profiler-overhead",
+        "warning",
+        None,
         f"pipeprof's own timing is about {frac:.1%} of the measured time",
-        {"estimated_fraction": frac}, "stages are very short: time fewer, coarser stages",
+        {"estimated_fraction": frac},
+        "stages are very short: time fewer, coarser stages",
     )
 
 
@@ -212,17 +260,31 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
     frac = shares[part]
     who = "the GPU" if (report.get("gpu") or {}).get("available") else "the loop"
     if frac < MODERATE_WAIT:
-        return {"kind": "compute-bound", "severity": "low", "stage": None, "fraction": round(
-            view.get("compute_fraction") or 0.0, 4), "headline": f"compute-bound: {who} spent "
-            f"{view.get('compute_fraction') or 0:.0%} of step time computing; data was ready"}  # fmt: skip
+        return {
+            "kind": "compute-bound",
+            "severity": "low",
+            "stage": None,
+            "fraction": round(view.get("compute_fraction") or 0.0, 4),
+            "headline": f"compute-bound: {who} spent "
+            f"{view.get('compute_fraction') or 0:.0%} of step time computing; data was ready",
+        }
     kind = {"wait": "input-bound", "transfer": "transfer-bound", "overhead": "overhead-bound"}[part]
-    what = {"wait": "waited for data", "transfer": "copied batches to the device",
-            "overhead": "ran non-compute regions (logging, callbacks)"}[part]  # fmt: skip
-    stage = facts["limiting"] if part == "wait" else ("transfer/h2d" if part == "transfer" else None)
-    return {"kind": kind, "severity": "high" if frac >= HIGH_WAIT else "moderate",
-            "stage": stage, "fraction": round(frac, 4),
-            "headline": f"{kind}: {who} {what} {frac:.0%} of the time"
-            + (f"; {stage} limits the pipeline" if stage and part == "wait" else "")}  # fmt: skip
+    what = {
+        "wait": "waited for data",
+        "transfer": "copied batches to the device",
+        "overhead": "ran non-compute regions (logging, callbacks)",
+    }[part]
+    stage = (
+        facts["limiting"] if part == "wait" else ("transfer/h2d" if part == "transfer" else None)
+    )
+    return {
+        "kind": kind,
+        "severity": "high" if frac >= HIGH_WAIT else "moderate",
+        "stage": stage,
+        "fraction": round(frac, 4),
+        "headline": f"{kind}: {who} {what} {frac:.0%} of the time"
+        + (f"; {stage} limits the pipeline" if stage and part == "wait" else ""),
+    }
 
 
 def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
@@ -236,15 +298,24 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     need = max(1, math.ceil(compute_rate / rate))
     if need <= n:
         return None
-    evidence = {"compute_samples_per_s": compute_rate, "samples_per_s_per_worker": round(rate, 1),
-                "workers_needed": need, "num_workers": n, "cores": cores}  # fmt: skip
-    msg = (f"{need} workers would feed the measured {compute_rate:.0f} samples/s of compute "
-           f"({rate:.0f} samples/s per worker); you have {n}")  # fmt: skip
+    evidence = {
+        "compute_samples_per_s": compute_rate,
+        "samples_per_s_per_worker": round(rate, 1),
+        "workers_needed": need,
+        "num_workers": n,
+        "cores": cores,
+    }
+    msg = (
+        f"{need} workers would feed the measured {compute_rate:.0f} samples/s of compute "
+        f"({rate:.0f} samples/s per worker); you have {n}"
+    )
     if need <= cores - 1:
         fix = f"DataLoader(num_workers={need})"
     else:
-        fix = (f"{need} workers exceed the {cores} cores: make {facts['limiting']} cheaper "
-               f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU")
+        fix = (
+            f"{need} workers exceed the {cores} cores: make {facts['limiting']} cheaper "
+            f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU"
+        )
     return _finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
 
 
@@ -256,12 +327,20 @@ def rule_transfer(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     if frac < MODERATE_WAIT:
         return None
     pinned = bool(report.get("meta", {}).get("pin_memory"))
-    fix = ("DataLoader(pin_memory=True) and batch.to(device, non_blocking=True) overlap the copy "
-           "with compute" if not pinned else
-           "copies are pinned already: send smaller batches (uint8 images, normalise on the GPU)")
-    return _finding("transfer", "warning", "transfer/h2d",
-                    f"copying batches to the device takes {frac:.0%} of step time",
-                    {"transfer_fraction": frac, "pin_memory": pinned}, fix)  # fmt: skip
+    fix = (
+        "DataLoader(pin_memory=True) and batch.to(device, non_blocking=True) overlap the copy "
+        "with compute"
+        if not pinned
+        else "copies are pinned already: send smaller batches (uint8 images, normalise on the GPU)"
+    )
+    return _finding(
+        "transfer",
+        "warning",
+        "transfer/h2d",
+        f"copying batches to the device takes {frac:.0%} of step time",
+        {"transfer_fraction": frac, "pin_memory": pinned},
+        fix,
+    )
 
 
 def rule_threads(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
@@ -270,7 +349,9 @@ def rule_threads(report: dict[str, Any], facts: dict[str, Any]) -> Finding | Non
     if not report.get("loop") or not threads or n + threads <= cores:
         return None
     return _finding(
-        "threads-oversubscribed", "warning", None,
+        "threads-oversubscribed",
+        "warning",
+        None,
         f"{n} workers + {threads} intra-op threads in the training process on {cores} cores",
         {"num_workers": n, "torch_threads": threads, "cores": cores},
         f"torch.set_num_threads({max(1, cores - n)}) in the training process, or fewer workers",
@@ -289,7 +370,9 @@ def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Find
     regions = {k: v for k, v in loop["regions"].items() if region_class(k) == "overhead"}
     top = max(regions, key=lambda k: regions[k]["total_s"]) if regions else "?"
     return _finding(
-        "overhead-regions", "warning", None,
+        "overhead-regions",
+        "warning",
+        None,
         f"non-compute regions take {frac:.0%} of step time; '{top}' is the largest",
         {"overhead_fraction": frac, "region": top},
         f"run '{top}' less often (every N steps) or asynchronously",
@@ -297,10 +380,18 @@ def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Find
 
 
 RULES: list[Rule] = [
-    rule_workers_needed, rule_transfer, rule_threads, rule_overhead_regions,
-    rule_dominant_stage, rule_more_workers, rule_oversubscribed, rule_imbalance,
-    rule_slow_startup, rule_pin_memory, rule_overhead,
-]  # fmt: skip
+    rule_workers_needed,
+    rule_transfer,
+    rule_threads,
+    rule_overhead_regions,
+    rule_dominant_stage,
+    rule_more_workers,
+    rule_oversubscribed,
+    rule_imbalance,
+    rule_slow_startup,
+    rule_pin_memory,
+    rule_overhead,
+]
 
 
 def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -311,9 +402,14 @@ def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any
     out = []
     for k in sorted({1, 2, 4, 8, cores, max(1, cores - 1)}):
         usable = min(k, cores)
-        out.append({"kind": "workers", "workers": k,
-                    "samples_per_s": round(rate * usable, 1),
-                    "basis": f"{rate:.1f} samples/s per worker × {usable} usable cores"})  # fmt: skip
+        out.append(
+            {
+                "kind": "workers",
+                "workers": k,
+                "samples_per_s": round(rate * usable, 1),
+                "basis": f"{rate:.1f} samples/s per worker × {usable} usable cores",
+            }
+        )
     return out
 
 
@@ -331,10 +427,17 @@ def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[
 def loader_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
     """A loader profiled alone has no compute to compare with: name what limits its rate."""
     path = facts["limiting"]
-    rate = (report.get("steady") or {}).get("samples_per_s") or report["throughput"]["samples_per_s"]
+    rate = (report.get("steady") or {}).get("samples_per_s") or report["throughput"][
+        "samples_per_s"
+    ]
     headline = f"the loader delivers {rate or 0:.0f} samples/s"
     if path:
         share = report["stages"][path]["total_s"] / (facts["pipeline_s"] or 1)
         headline += f"; {path} limits it ({share:.0%} of pipeline time)"
-    return {"kind": "balanced", "severity": "info", "stage": path, "headline": headline,
-            "note": "loader profiled alone: wrap a training loop to attribute wait vs compute"}  # fmt: skip
+    return {
+        "kind": "balanced",
+        "severity": "info",
+        "stage": path,
+        "headline": headline,
+        "note": "loader profiled alone: wrap a training loop to attribute wait vs compute",
+    }

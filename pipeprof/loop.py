@@ -6,8 +6,9 @@ A step starts when the loop asks for a batch. ``wait`` is the time blocked in ``
 user's regions named ``Transfer``/``H2D``/``IO``; ``compute`` is the rest of the step, from the
 moment the batch is handed over to the next request, minus "overhead" regions (any region that
 is not a compute key — logging, callbacks, ``Other``). ``Epoch`` and ``Batch`` regions are
-containers and count nowhere. The first step of every epoch (worker start-up, prefetch fill)
-is kept apart: ``steady`` figures leave it out, the totals keep it.
+containers and count nowhere. The first steps of every epoch, until each DataLoader worker has
+delivered a batch (``num_workers`` steps, at least one), are start-up (worker start, prefetch
+fill) and kept apart: ``steady`` figures leave them out, the totals keep them.
 
 On a GPU the loop's CPU side can run ahead of asynchronous kernels, so a step's CPU view
 under-states compute and over-states wait. With a CUDA device, CUDA events bracket each
@@ -27,7 +28,7 @@ from pipeprof.recorder import clock, measure_overhead, recorder
 from pipeprof.report import Report
 from pipeprof.session import Session
 from pipeprof.stats import Stat
-from pipeprof.timer import Timer
+from pipeprof.timer import Backend, Timer
 
 STEP_RING = 10_000  # recent steps kept for timelines
 COMPUTE_KEYS = frozenset({"Forward", "Backward", "Comm", "Loss", "Optimizer", "Step", "Compute"})
@@ -62,10 +63,19 @@ class Profiler:
     batches for ``Profiler.replay`` (compute-only baseline).
     """
 
-    def __init__(self, device: Any = None, *, sample_hz: float = 10.0,
-                 gpus: list[int] | None = None, stream: str | None = None, flush_s: float = 10.0,
-                 replay: int = 0, timer: str = "auto", nvml: Any = None,
-                 event_factory: Callable[[], Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        device: Any = None,
+        *,
+        sample_hz: float = 10.0,
+        gpus: list[int] | None = None,
+        stream: str | None = None,
+        flush_s: float = 10.0,
+        replay: int = 0,
+        timer: Backend = "auto",
+        nvml: Any = None,
+        event_factory: Callable[[], Any] | None = None,
+    ) -> None:
         if sample_hz < 0:
             raise ValueError(f"sample_hz must be >= 0, got {sample_hz}")
         self.device = device
@@ -76,8 +86,11 @@ class Profiler:
         self.replay_batches = replay
         self._nvml_module = nvml
         self.session = Session(mode="loop")
-        self.timer = Timer(backend=timer, sink=self._on_region,  # type: ignore[arg-type]
-                           event_factory=event_factory)
+        self.timer = Timer(
+            backend=timer,
+            sink=self._on_region,
+            event_factory=event_factory,
+        )
         self.session.loop = _empty_loop()
         self._class_ns = {"transfer": 0, "overhead": 0}
         self._samplers: list[Any] = []
@@ -182,8 +195,9 @@ class Profiler:
             self.session.framework = "tf"
             return ProfiledDataset(data, self.session, device)  # type: ignore[no-any-return]
         if not hasattr(data, "__iter__"):
-            raise TypeError(f"Profiler.wrap() needs an iterable of batches, got "
-                            f"{type(data).__name__}")  # fmt: skip
+            raise TypeError(
+                f"Profiler.wrap() needs an iterable of batches, got {type(data).__name__}"
+            )
         return GenericSource(data, self.session)
 
     def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
@@ -191,7 +205,7 @@ class Profiler:
         loop["epochs"] += 1
         rec = recorder()
         it = iter(source)
-        first = True
+        warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
         handed = 0  # when the last batch went to the user (0: none yet)
         gpu_start: Any = None
         try:
@@ -209,8 +223,8 @@ class Profiler:
                 t_got = clock()
                 transfer = (_h2d_ns(rec, s) - h2d_before) if moves else 0
                 wait = t_got - t_req - transfer
-                self._begin_step(t_req, wait, transfer, first)
-                first = False
+                self._begin_step(t_req, wait, transfer, warmup > 0)
+                warmup -= 1
                 if len(self._cached) < self.replay_batches:
                     self._cached.append(batch)
                 handed = clock()
@@ -280,7 +294,9 @@ class Profiler:
             return
         from pipeprof.samplers import NvmlSampler
 
-        self._nvml = NvmlSampler(hz=self.sample_hz, gpus=self._gpu_indices(), nvml=self._nvml_module)
+        self._nvml = NvmlSampler(
+            hz=self.sample_hz, gpus=self._gpu_indices(), nvml=self._nvml_module
+        )
         self._samplers.append(self._nvml.start())
 
     def _gpu_indices(self) -> list[int] | None:
@@ -319,8 +335,10 @@ class Profiler:
         or leave out ``optimizer.step()``. Returns and stores compute-only samples/s.
         """
         if not self._cached:
-            raise RuntimeError("no cached batches: create the Profiler with replay=N (e.g. 8) "
-                               "and iterate prof.wrap(loader) first")  # fmt: skip
+            raise RuntimeError(
+                "no cached batches: create the Profiler with replay=N (e.g. 8) "
+                "and iterate prof.wrap(loader) first"
+            )
         samples = sum(batch_size(b) for b in self._cached)
         step(self._cached[0])  # warm-up
         _sync()
@@ -332,8 +350,11 @@ class Profiler:
             _sync()
             times.append(clock() - t0)
         best = sorted(times)[len(times) // 2]
-        result = {"batches": len(self._cached), "repeats": repeats,
-                  "compute_samples_per_s": round(samples / (best / 1e9), 3)}  # fmt: skip
+        result = {
+            "batches": len(self._cached),
+            "repeats": repeats,
+            "compute_samples_per_s": round(samples / (best / 1e9), 3),
+        }
         self.session.loop["replay"] = result
         return result
 
@@ -361,7 +382,11 @@ def batch_size(batch: Any) -> int:
         return batch_size(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:
         first = batch[0]
-        return batch_size(first) if hasattr(first, "shape") or isinstance(first, (list, tuple, dict)) else len(batch)
+        return (
+            batch_size(first)
+            if hasattr(first, "shape") or isinstance(first, (list, tuple, dict))
+            else len(batch)
+        )
     return 1
 
 
@@ -408,8 +433,13 @@ PARTS = ("wait", "transfer", "user_transfer", "compute", "overhead", "step")
 def _empty_loop() -> dict[str, Any]:
     """Loop-mode data: the first step of each epoch and the steady steps kept apart."""
     return {
-        "steps": 0, "epochs": 0, "startup_ns": None,
-        "first": {k: Stat() for k in PARTS}, "steady": {k: Stat() for k in PARTS},
-        "gpu_compute": Stat(), "regions": {}, "replay": None,
+        "steps": 0,
+        "epochs": 0,
+        "startup_ns": None,
+        "first": {k: Stat() for k in PARTS},
+        "steady": {k: Stat() for k in PARTS},
+        "gpu_compute": Stat(),
+        "regions": {},
+        "replay": None,
         "step_ring": deque(maxlen=STEP_RING),
-    }  # fmt: skip
+    }

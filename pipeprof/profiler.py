@@ -57,8 +57,10 @@ def profile(loader: Any, batches: int | None = None, device: Any = None) -> Repo
         batches_iter.close()  # type: ignore[attr-defined]
         session.end_ns = clock()
     if session.batches == 0 and not session.interrupted:
-        raise ValueError("the loader yielded no batches: is its dataset empty, or is drop_last=True "
-                         "with fewer samples than batch_size?")  # fmt: skip
+        raise ValueError(
+            "the loader yielded no batches: is its dataset empty, or is drop_last=True "
+            "with fewer samples than batch_size?"
+        )
     return Report(session)
 
 

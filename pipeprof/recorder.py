@@ -65,7 +65,7 @@ class Recorder:
         stack = self.stack
         while stack and stack.pop() is not frame:  # frames left open by an exception
             pass
-        start = frame[2]
+        start: int = frame[2]
         dur = end - start
         if detach and stack:
             stack[-1][1] += dur
@@ -100,8 +100,14 @@ class Recorder:
         """Take what was recorded since the last drain as stats, spans and an event count."""
         raw, self.raw = self.raw, {}
         stats, spans, first, events = aggregate(raw)
-        return {"stats": stats, "spans": spans, "events": events, "track": self.track,
-                "pid": self.pid, "first_ns": first}  # fmt: skip
+        return {
+            "stats": stats,
+            "spans": spans,
+            "events": events,
+            "track": self.track,
+            "pid": self.pid,
+            "first_ns": first,
+        }
 
 
 def aggregate(raw: dict[str, list[int]]) -> tuple[dict[str, Stat], list[Any], int | None, int]:
@@ -156,9 +162,9 @@ def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     if not rec.enabled:
         return fn(*args, **kwargs)
     stack = rec.stack
-    frame = [path, 0, 0]
+    frame: list[Any] = [path, 0, 0]
     stack.append(frame)
-    frame[2] = start = clock()
+    start = frame[2] = clock()
     try:
         return fn(*args, **kwargs)
     finally:

@@ -30,7 +30,8 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (a deep copy: changing it changes nothing here)."""
-        return json.loads(json.dumps(self._data))
+        data: dict[str, Any] = json.loads(json.dumps(self._data))
+        return data
 
     def __getitem__(self, key: str) -> Any:
         return self.to_dict()[key]
@@ -79,8 +80,10 @@ class Report:
 
     def __repr__(self) -> str:
         v = self._data["verdict"]
-        return (f"<pipeprof.Report {self._data['mode']} {self._data['batches']} batches: "
-                f"{v['kind']}, stage={v.get('stage')}>")
+        return (
+            f"<pipeprof.Report {self._data['mode']} {self._data['batches']} batches: "
+            f"{v['kind']}, stage={v.get('stage')}>"
+        )
 
     def __str__(self) -> str:
         return self.render("text")

@@ -37,8 +37,12 @@ class WorkerRecord:
     samples: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {"pid": self.pid, "busy_ns": self.busy_ns, "batches": self.batches,
-                "samples": self.samples}
+        return {
+            "pid": self.pid,
+            "busy_ns": self.busy_ns,
+            "batches": self.batches,
+            "samples": self.samples,
+        }
 
 
 @dataclass

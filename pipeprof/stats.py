@@ -136,19 +136,19 @@ class Stat:
             for d, n in zip(durations_ns, items):
                 s.add(d, n)
             return s
-        d = np.asarray(durations_ns, dtype=np.int64)
-        n = np.asarray(items, dtype=np.int64)
-        per = np.maximum(d // np.maximum(n, 1), 0)
+        da = np.asarray(durations_ns, dtype=np.int64)
+        na = np.asarray(items, dtype=np.int64)
+        per = np.maximum(da // np.maximum(na, 1), 0)
         s = cls()
-        s.count = int(n.sum())
-        s.total_ns = int(d.sum())
+        s.count = int(na.sum())
+        s.total_ns = int(da.sum())
         s.min_ns = int(per.min())
         s.max_ns = int(per.max())
-        s.sum_sq = float((per.astype(np.float64) ** 2 * n).sum())
+        s.sum_sq = float((per.astype(np.float64) ** 2 * na).sum())
         bits = np.frexp(per.astype(np.float64))[1]  # == int.bit_length below 2**53
         shift = np.maximum(bits - _SUB_BITS, 0)
         idx = np.where(bits <= _SUB_BITS, per, (shift << 4) + (per >> shift))
-        counts = np.bincount(idx, weights=n)
+        counts = np.bincount(idx, weights=na)
         nz = np.nonzero(counts)[0]
         s.hist = {int(b): int(counts[b]) for b in nz}
         return s

@@ -16,6 +16,9 @@ def nothing_leaks():
     assert not rec.enabled, "a profile left the recorder enabled"
     assert not rec.stack, "a profile left stages open"
     rec.raw.clear()
-    leaked = [t.name for t in threading.enumerate()
-              if t.name.startswith("pipeprof") and t.name not in before]
+    leaked = [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("pipeprof") and t.name not in before
+    ]
     assert not leaked, f"sampler threads left running: {leaked}"

@@ -47,8 +47,9 @@ def truth(log_dir: str) -> dict[str, list[int]]:
 class Cost:
     """A transform that costs ``ms`` (busy ``spin`` or ``sleep``) and adds ``add``."""
 
-    def __init__(self, ms: float, log_dir: str | None = None, add: float = 1.0,
-                 sleep: bool = False) -> None:
+    def __init__(
+        self, ms: float, log_dir: str | None = None, add: float = 1.0, sleep: bool = False
+    ) -> None:
         self.ms, self.log_dir, self.add, self.sleep = ms, log_dir, add, sleep
 
     def __call__(self, x):
@@ -76,8 +77,14 @@ class Scale(Cost):
 class CostDataset(Dataset):
     """Sample i is a small tensor filled with i; loading costs ``load_ms`` (sleep)."""
 
-    def __init__(self, n: int = 32, load_ms: float = 0.0, log_dir: str | None = None,
-                 transform=None, fail_at: int | None = None) -> None:
+    def __init__(
+        self,
+        n: int = 32,
+        load_ms: float = 0.0,
+        log_dir: str | None = None,
+        transform=None,
+        fail_at: int | None = None,
+    ) -> None:
         self.n, self.load_ms, self.log_dir = n, load_ms, log_dir
         self.transform = transform
         self.fail_at = fail_at
@@ -109,8 +116,9 @@ class ItemsDataset(CostDataset):
 class CostIterable(IterableDataset):
     """Yields ``n`` samples, split across workers; each costs ``load_ms``."""
 
-    def __init__(self, n: int = 32, load_ms: float = 0.0, log_dir: str | None = None,
-                 transform=None) -> None:
+    def __init__(
+        self, n: int = 32, load_ms: float = 0.0, log_dir: str | None = None, transform=None
+    ) -> None:
         self.n, self.load_ms, self.log_dir, self.transform = n, load_ms, log_dir, transform
 
     def __iter__(self):

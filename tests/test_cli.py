@@ -12,15 +12,31 @@ BIN = Path(sys.executable).with_name("pipeprof")
 
 
 def run(*args, cwd=None):
-    return subprocess.run(list(args), capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env={**os.environ, "COLUMNS": "80"})
+    return subprocess.run(
+        list(args),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "80"},
+    )
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    res = run(str(BIN), "demo", "--images", "128", "--batches", "3", "--html",
-              str(out / "demo.html"), "-o", str(out / "demo.json"))
+    res = run(
+        str(BIN),
+        "demo",
+        "--images",
+        "128",
+        "--batches",
+        "3",
+        "--html",
+        str(out / "demo.html"),
+        "-o",
+        str(out / "demo.json"),
+    )
     assert res.returncode == 0, res.stderr
     return out, res
 

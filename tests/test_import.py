@@ -3,9 +3,11 @@ import sys
 
 
 def test_import_pipeprof_imports_no_framework_or_hardware_library():
-    code = ("import sys, pipeprof, pipeprof.cli; "
-            "heavy = [m for m in ('torch', 'tensorflow', 'pynvml', 'IPython', 'numpy') "
-            "if m in sys.modules]; print(heavy); assert not heavy, heavy")
+    code = (
+        "import sys, pipeprof, pipeprof.cli; "
+        "heavy = [m for m in ('torch', 'tensorflow', 'pynvml', 'IPython', 'numpy') "
+        "if m in sys.modules]; print(heavy); assert not heavy, heavy"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 

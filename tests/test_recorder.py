@@ -51,17 +51,15 @@ def test_stage_outside_a_profile_is_a_no_op_and_bad_names_fail():
     with pipeprof.stage("x"):
         pass
     assert not recorder().raw
-    with pytest.raises(ValueError, match="relative name"):
-        with pipeprof.stage("/abs"):
-            pass
+    with pytest.raises(ValueError, match="relative name"), pipeprof.stage("/abs"):
+        pass
 
 
 def test_exception_in_a_stage_still_closes_it(fake):
     rec = recorder()
-    with pytest.raises(RuntimeError, match="mine"):
-        with pipeprof.stage("outer"):
-            fake.now += 10
-            timed_call("boom", _raise)
+    with pytest.raises(RuntimeError, match="mine"), pipeprof.stage("outer"):
+        fake.now += 10
+        timed_call("boom", _raise)
     assert not rec.stack
     stats = rec.drain()["stats"]
     assert stats["outer"].count == 1 and stats["boom"].count == 1

@@ -9,28 +9,46 @@ from torchvision import transforms
 
 import pipeprof
 
-CONTRACT = {"schema", "mode", "framework", "batches", "samples", "wall_s", "throughput",
-            "stages", "loop", "workers", "gpu", "host", "verdict", "findings", "what_if",
-            "overhead", "startup_s", "steady", "latency"}
+CONTRACT = {
+    "schema",
+    "mode",
+    "framework",
+    "batches",
+    "samples",
+    "wall_s",
+    "throughput",
+    "stages",
+    "loop",
+    "workers",
+    "gpu",
+    "host",
+    "verdict",
+    "findings",
+    "what_if",
+    "overhead",
+    "startup_s",
+    "steady",
+    "latency",
+}
 
 
 @pytest.fixture(scope="module")
 def report():
-    ds = CostDataset(32, load_ms=1.0, transform=transforms.Compose([Scale(2.0)]))
+    ds = CostDataset(32, load_ms=0.0, transform=transforms.Compose([Scale(3.0)]))
     return pipeprof.profile(DataLoader(ds, batch_size=4, num_workers=2))
 
 
 def test_contract_keys_and_units(report):
     d = report.to_dict()
-    assert CONTRACT <= d.keys()
+    assert d.keys() >= CONTRACT
     assert d["schema"] == "pipeprof/1" and d["mode"] == "loader" and d["framework"] == "torch"
     assert d["batches"] == 8 and d["samples"] == 32
     for row in d["stages"].values():
         assert {"total_s", "count", "mean_ms", "p50_ms", "p95_ms", "p99_ms"} <= row.keys()
     assert d["throughput"]["samples_per_s"] == pytest.approx(32 / d["wall_s"], rel=1e-3)
-    assert d["verdict"]["stage"] == "transform/Scale"  # 2 ms spin vs 1 ms sleep
+    assert d["verdict"]["stage"] == "transform/Scale"  # 3 ms of work vs a tiny load
     assert {"id", "pid", "busy_s", "batches"} <= d["workers"][0].keys()
-    assert 0 < d["overhead"]["per_event_ns"] and d["overhead"]["events"] >= 32 * 2 + 8
+    assert d["overhead"]["per_event_ns"] > 0 and d["overhead"]["events"] >= 32 * 2 + 8
     json.dumps(d)  # plain data
 
 
@@ -57,8 +75,19 @@ def test_load_errors_say_what_to_do(tmp_path):
 
 def test_older_session_files_load_with_defaults(tmp_path):
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({"session": {"schema_version": 1, "batches": 2, "samples": 8,
-                                           "start_ns": 0, "end_ns": 10**9}}))
+    old.write_text(
+        json.dumps(
+            {
+                "session": {
+                    "schema_version": 1,
+                    "batches": 2,
+                    "samples": 8,
+                    "start_ns": 0,
+                    "end_ns": 10**9,
+                }
+            }
+        )
+    )
     d = pipeprof.load(old).to_dict()
     assert d["samples"] == 8 and d["stages"] == {} and d["throughput"]["samples_per_s"] == 8.0
 

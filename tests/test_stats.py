@@ -32,7 +32,12 @@ def test_vectorised_equals_one_by_one_and_round_trips():
     for d, n in zip(durs, items):
         b.add(d, n)
     assert (a.count, a.total_ns, a.min_ns, a.max_ns, a.hist) == (
-        b.count, b.total_ns, b.min_ns, b.max_ns, b.hist)
+        b.count,
+        b.total_ns,
+        b.min_ns,
+        b.max_ns,
+        b.hist,
+    )
     assert a.sum_sq == pytest.approx(b.sum_sq)
     c = Stat.from_dict(a.to_dict())
     assert c.to_dict() == a.to_dict()

@@ -52,8 +52,13 @@ def test_stage_means_match_ground_truth(tmp_path, workers, ctx):
     logs = str(tmp_path)
     chain = transforms.Compose([Scale(4.0, logs), AddNoise(4.0, logs, sleep=True)])
     ds = CostDataset(48, load_ms=6.0, log_dir=logs, transform=chain)
-    loader = DataLoader(ds, batch_size=8, num_workers=workers, multiprocessing_context=ctx,
-                        collate_fn=CostCollate(5.0, logs))
+    loader = DataLoader(
+        ds,
+        batch_size=8,
+        num_workers=workers,
+        multiprocessing_context=ctx,
+        collate_fn=CostCollate(5.0, logs),
+    )
     report = pipeprof.profile(loader)
     stages = report.to_dict()["stages"]
     true = truth(logs)
@@ -65,7 +70,8 @@ def test_stage_means_match_ground_truth(tmp_path, workers, ctx):
     # the transform parent is the sum of its children; load excludes the transform
     t = stages["transform"]
     assert t["total_s"] == pytest.approx(
-        stages["transform/Scale"]["total_s"] + stages["transform/AddNoise"]["total_s"])
+        stages["transform/Scale"]["total_s"] + stages["transform/AddNoise"]["total_s"]
+    )
     assert report["samples"] == 48 and report["batches"] == 6
     tracks = {w["track"] for w in report["workers"]}
     assert tracks == ({"main"} if workers == 0 else {"worker0", "worker1"})
@@ -82,13 +88,15 @@ def test_getitems_and_iterable_ground_truth(tmp_path):
 
     logs2 = tmp_path / "it"
     logs2.mkdir()
-    loader = DataLoader(CostIterable(24, load_ms=6.0, log_dir=str(logs2)), batch_size=4,
-                        num_workers=2)
+    loader = DataLoader(
+        CostIterable(24, load_ms=6.0, log_dir=str(logs2)), batch_size=4, num_workers=2
+    )
     report = pipeprof.profile(loader)
     true = truth(str(logs2))["load"]
     assert report["samples"] == 24 and report["stages"]["load"]["count"] == 24
     assert report["stages"]["load"]["mean_ms"] == pytest.approx(
-        statistics.fmean(true) / 1e6, rel=0.05)
+        statistics.fmean(true) / 1e6, rel=0.05
+    )
 
 
 def _random_chain():
@@ -96,32 +104,65 @@ def _random_chain():
 
 
 LOADERS = {
-    "plain": lambda w, c: DataLoader(CostDataset(20, transform=_random_chain()), batch_size=4,
-                                     shuffle=True, num_workers=w, multiprocessing_context=c),
-    "getitems": lambda w, c: DataLoader(ItemsDataset(20), batch_size=3, num_workers=w,
-                                        multiprocessing_context=c),
-    "iterable": lambda w, c: DataLoader(CostIterable(20, transform=_random_chain()),
-                                        batch_size=4, num_workers=w, multiprocessing_context=c),
-    "batch_size_none": lambda w, c: DataLoader(CostDataset(10), batch_size=None, num_workers=w,
-                                               multiprocessing_context=c),
-    "sampler": lambda w, c: DataLoader(CostDataset(20), batch_size=4, sampler=EvenFirst(20),
-                                       num_workers=w, multiprocessing_context=c),
-    "batch_sampler": lambda w, c: DataLoader(CostDataset(20), batch_sampler=Pairs(20),
-                                             num_workers=w, multiprocessing_context=c),
-    "collate_fn": lambda w, c: DataLoader(CostDataset(20), batch_size=5, collate_fn=CostCollate(),
-                                          num_workers=w, multiprocessing_context=c),
-    "pin_memory": lambda w, c: DataLoader(CostDataset(20), batch_size=4, pin_memory=True,
-                                          num_workers=w, multiprocessing_context=c),
-    "drop_last": lambda w, c: DataLoader(CostDataset(22), batch_size=4, drop_last=True,
-                                         num_workers=w, multiprocessing_context=c),
-    "worker_init_fn": lambda w, c: DataLoader(CostDataset(20), batch_size=4, num_workers=w,
-                                              worker_init_fn=tag_worker,
-                                              multiprocessing_context=c),
+    "plain": lambda w, c: DataLoader(
+        CostDataset(20, transform=_random_chain()),
+        batch_size=4,
+        shuffle=True,
+        num_workers=w,
+        multiprocessing_context=c,
+    ),
+    "getitems": lambda w, c: DataLoader(
+        ItemsDataset(20), batch_size=3, num_workers=w, multiprocessing_context=c
+    ),
+    "iterable": lambda w, c: DataLoader(
+        CostIterable(20, transform=_random_chain()),
+        batch_size=4,
+        num_workers=w,
+        multiprocessing_context=c,
+    ),
+    "batch_size_none": lambda w, c: DataLoader(
+        CostDataset(10), batch_size=None, num_workers=w, multiprocessing_context=c
+    ),
+    "sampler": lambda w, c: DataLoader(
+        CostDataset(20),
+        batch_size=4,
+        sampler=EvenFirst(20),
+        num_workers=w,
+        multiprocessing_context=c,
+    ),
+    "batch_sampler": lambda w, c: DataLoader(
+        CostDataset(20), batch_sampler=Pairs(20), num_workers=w, multiprocessing_context=c
+    ),
+    "collate_fn": lambda w, c: DataLoader(
+        CostDataset(20),
+        batch_size=5,
+        collate_fn=CostCollate(),
+        num_workers=w,
+        multiprocessing_context=c,
+    ),
+    "pin_memory": lambda w, c: DataLoader(
+        CostDataset(20), batch_size=4, pin_memory=True, num_workers=w, multiprocessing_context=c
+    ),
+    "drop_last": lambda w, c: DataLoader(
+        CostDataset(22), batch_size=4, drop_last=True, num_workers=w, multiprocessing_context=c
+    ),
+    "worker_init_fn": lambda w, c: DataLoader(
+        CostDataset(20),
+        batch_size=4,
+        num_workers=w,
+        worker_init_fn=tag_worker,
+        multiprocessing_context=c,
+    ),
 }
 WORKER_ONLY = {
-    "persistent": lambda w, c: DataLoader(CostDataset(20), batch_size=4, num_workers=w,
-                                          persistent_workers=True, prefetch_factor=3,
-                                          multiprocessing_context=c),
+    "persistent": lambda w, c: DataLoader(
+        CostDataset(20),
+        batch_size=4,
+        num_workers=w,
+        persistent_workers=True,
+        prefetch_factor=3,
+        multiprocessing_context=c,
+    ),
 }
 
 
@@ -187,8 +228,10 @@ def test_user_stages_inside_workers(tmp_path):
     assert stages["load/read"]["count"] == 12
     assert stages["load/decode"]["count"] == 12
     assert stages["load/decode"]["mean_ms"] == pytest.approx(2.0, rel=0.25)
-    assert stages["load"]["total_s"] >= stages["load/read"]["total_s"] + stages["load/decode"][
-        "total_s"]
+    assert (
+        stages["load"]["total_s"]
+        >= stages["load/read"]["total_s"] + stages["load/decode"]["total_s"]
+    )
 
 
 class StagedDataset(CostDataset):
@@ -216,8 +259,9 @@ def test_user_objects_not_mutated():
     chain = transforms.Compose([Scale(0.0)])
     ds = CostDataset(8, transform=chain)
     collate = CostCollate()
-    loader = DataLoader(ds, batch_size=4, collate_fn=collate, num_workers=2,
-                        worker_init_fn=tag_worker)
+    loader = DataLoader(
+        ds, batch_size=4, collate_fn=collate, num_workers=2, worker_init_fn=tag_worker
+    )
     before = dict(vars(ds))
     pipeprof.profile(loader)
     assert vars(ds) == before and ds.transform is chain
@@ -255,8 +299,13 @@ def test_imagefolder_split_into_read_and_decode(tmp_path):
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     report = pipeprof.profile(loader)
     stages = report["stages"]
-    for path in ("load/read", "load/decode", "transform/RandomResizedCrop",
-                 "transform/ToTensor", "transform/target_transform"):
+    for path in (
+        "load/read",
+        "load/decode",
+        "transform/RandomResizedCrop",
+        "transform/ToTensor",
+        "transform/target_transform",
+    ):
         assert stages[path]["count"] == 12, path
     torch.manual_seed(0)
     plain = list(loader)

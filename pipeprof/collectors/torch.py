@@ -46,7 +46,7 @@ class Carrier:
         from torch.utils.data._utils.pin_memory import pin_memory  # a function, not a patch
 
         t0 = clock()
-        self.batch = pin_memory(self.batch, *args)
+        self.batch = pin_memory(self.batch, *args)  # type: ignore[no-untyped-call]
         self.pin_ns = clock() - t0
         return self
 
@@ -176,9 +176,16 @@ class WorkerInit:
 
 
 _LOADER_ARGS = (
-    "num_workers", "pin_memory", "timeout", "multiprocessing_context", "generator",
-    "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
-)  # fmt: skip
+    "num_workers",
+    "pin_memory",
+    "timeout",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 
 
 def build_loader(loader: DataLoader) -> tuple[DataLoader, list[str]]:
@@ -240,6 +247,11 @@ class ProfiledLoader:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    @property
+    def warmup_steps(self) -> int:
+        """Batches until every worker has delivered one: the start-up of an epoch."""
+        return max(1, self.loader.num_workers)
 
     def __iter__(self) -> Iterator[Any]:
         rec = recorder()
@@ -318,8 +330,8 @@ class H2DTimer:
             out = move_to(batch, self.device, non_blocking)
             rec.add("transfer/h2d", clock() - t0, 1, t0)
             return out
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         t0 = clock()
         start.record()
         out = move_to(batch, self.device, non_blocking)
@@ -348,7 +360,9 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "pin_memory": bool(loader.pin_memory),
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": bool(loader.persistent_workers),
-        "multiprocessing_context": ctx.get_start_method() if ctx is not None else (
+        "multiprocessing_context": ctx.get_start_method()
+        if ctx is not None
+        else (
             multiprocessing.get_start_method(allow_none=True)
             or multiprocessing.get_all_start_methods()[0]  # the platform default, not fixed
         ),

@@ -24,7 +24,11 @@ def name_of(fn: Any) -> str:
     inner = getattr(fn, "func", None)  # functools.partial
     if inner is not None and callable(inner):
         fn = inner
-    if isinstance(fn, type) or hasattr(fn, "__code__") or type(fn).__name__ == "builtin_function_or_method":
+    if (
+        isinstance(fn, type)
+        or hasattr(fn, "__code__")
+        or type(fn).__name__ == "builtin_function_or_method"
+    ):
         name = getattr(fn, "__name__", type(fn).__name__)
     else:
         name = type(fn).__name__
@@ -91,7 +95,11 @@ def _children(fn: Any) -> tuple[list[Any], bool] | None:
         and isinstance(getattr(fn, "transforms", None), (list, tuple))
     ):
         return list(fn.transforms), mod.startswith("torchvision.transforms.v2")
-    if cls.__name__ == "Sequential" and mod.startswith("torch.nn") and type(fn).forward is _seq_forward():
+    if (
+        cls.__name__ == "Sequential"
+        and mod.startswith("torch.nn")
+        and type(fn).forward is _seq_forward()
+    ):
         return list(fn), False
     return None
 
@@ -110,9 +118,7 @@ def wrap_transform(fn: Any, prefix: str) -> Any:
     if parts is None:
         return Timed(fn, prefix if prefix != "transform" else f"transform/{name_of(fn)}")
     steps, multi = parts
-    return TimedChain(
-        fn, [(_unique(prefix, t, steps[:i]), t) for i, t in enumerate(steps)], multi
-    )
+    return TimedChain(fn, [(_unique(prefix, t, steps[:i]), t) for i, t in enumerate(steps)], multi)
 
 
 def _unique(prefix: str, fn: Any, before: Sequence[Any]) -> str:
@@ -187,7 +193,9 @@ def instrument_dataset(dataset: Any, depth: int = 0) -> tuple[Any, list[str]]:
     for attr in TRANSFORM_ATTRS:
         fn = getattr(dataset, attr, None)
         if fn is not None and (callable(fn) or isinstance(fn, (list, tuple))):
-            changes[attr] = wrap_transform(fn, "transform" if attr == "transform" else "transform/target_transform")
+            changes[attr] = wrap_transform(
+                fn, "transform" if attr == "transform" else "transform/target_transform"
+            )
     joint = getattr(dataset, "transforms", None)
     if joint is not None and callable(joint):
         changes["transforms"] = _wrap_joint(joint, changes)
