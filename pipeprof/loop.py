@@ -31,6 +31,7 @@ from pipeprof.stats import Stat
 from pipeprof.timer import Backend, Timer
 
 STEP_RING = 10_000  # recent steps kept for timelines
+FOLD_EVERY = 4096  # steps between folds of per-step values into Stats
 COMPUTE_KEYS = frozenset({"Forward", "Backward", "Comm", "Loss", "Optimizer", "Step", "Compute"})
 TRANSFER_KEYS = frozenset({"Transfer", "H2D", "IO", "transfer", "h2d"})
 CONTAINER_KEYS = frozenset({"Epoch", "Batch"})
@@ -93,6 +94,11 @@ class Profiler:
         )
         self.session.loop = _empty_loop()
         self._class_ns = {"transfer": 0, "overhead": 0}
+        # per-step values, folded into Stats in bulk (NumPy) every FOLD_EVERY steps
+        self._pending: dict[str, dict[str, list[int]]] = {
+            name: {k: [] for k in PARTS} for name in ("first", "steady")
+        }
+        self._pending_regions: dict[str, list[int]] = {}
         self._samplers: list[Any] = []
         self._nvml: Any = None
         self._running = False
@@ -123,6 +129,7 @@ class Profiler:
         self._running = False
         self.timer.flush()
         self._resolve_gpu(block=True)
+        self._fold()
         s = self.session
         s.end_ns = clock()
         s.interrupted = s.interrupted or interrupted
@@ -144,6 +151,7 @@ class Profiler:
 
     def report(self) -> Report:
         """The Report so far (works during, after, and after an exception in the loop)."""
+        self._fold()
         if self._running:
             self._collect_samplers()
             self.session.end_ns = clock()
@@ -156,11 +164,10 @@ class Profiler:
         return self.timer.region(key)
 
     def _on_region(self, key: str, start_ns: int, duration_ns: int) -> None:
-        loop = self.session.loop
-        stat = loop["regions"].get(key)
-        if stat is None:
-            stat = loop["regions"][key] = Stat()
-        stat.add(duration_ns)
+        values = self._pending_regions.get(key)
+        if values is None:
+            values = self._pending_regions[key] = []
+        values.append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
         kind = region_class(key)
         if kind in self._class_ns:
@@ -237,30 +244,45 @@ class Profiler:
 
     def _begin_step(self, t_req: int, wait: int, transfer: int, first: bool) -> None:
         loop = self.session.loop
-        part = loop["first" if first else "steady"]
+        part = self._pending["first" if first else "steady"]
         wait = max(0, wait)
-        part["wait"].add(wait)
-        part["transfer"].add(transfer)
+        part["wait"].append(wait)
+        part["transfer"].append(transfer)
         if loop["startup_ns"] is None:
             loop["startup_ns"] = wait
         loop["steps"] += 1
         loop["step_ring"].append([t_req, wait, transfer, 0, int(first)])
-        self._step_marks = (dict(self._class_ns), part)
+        self._step_marks = (self._class_ns["transfer"], self._class_ns["overhead"], part)
 
     def _end_step(self, handed: int, t_end: int) -> None:
         """Close the step whose batch was handed over at ``handed`` (NOTE [ Step attribution ])."""
-        before, part = self._step_marks
+        transfer_before, overhead_before, part = self._step_marks
         cpu = t_end - handed
-        user_transfer = min(cpu, self._class_ns["transfer"] - before["transfer"])
-        overhead = min(cpu - user_transfer, self._class_ns["overhead"] - before["overhead"])
+        user_transfer = min(cpu, self._class_ns["transfer"] - transfer_before)
+        overhead = min(cpu - user_transfer, self._class_ns["overhead"] - overhead_before)
         compute = cpu - user_transfer - overhead
-        part["compute"].add(compute)
-        part["overhead"].add(overhead)
-        part["user_transfer"].add(user_transfer)
+        part["compute"].append(compute)
+        part["overhead"].append(overhead)
+        part["user_transfer"].append(user_transfer)
         row = self.session.loop["step_ring"][-1]
         row[2] += user_transfer
         row[3] = compute
-        part["step"].add(row[1] + row[2] + cpu)
+        part["step"].append(row[1] + row[2] + cpu)
+        if len(part["step"]) >= FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Fold the per-step values gathered since the last fold into the session's Stats."""
+        loop = self.session.loop
+        for name, part in self._pending.items():
+            for key, values in part.items():
+                if values:
+                    loop[name][key].merge(Stat.of_many(values))
+                    values.clear()
+        for key, values in self._pending_regions.items():
+            if values:
+                loop["regions"].setdefault(key, Stat()).merge(Stat.of_many(values))
+                values.clear()
 
     # ---- GPU compute time (CUDA events) ------------------------------------------------------
 
@@ -323,6 +345,7 @@ class Profiler:
             return
         self._last_flush = time.monotonic()
         self.session.end_ns = clock()
+        self._fold()
         self._collect_samplers()
         self.session.save(self.stream)
 

@@ -181,7 +181,7 @@ def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raw.append(1)
 
 
-def measure_overhead(rounds: int = 20000) -> float:
+def measure_overhead(rounds: int = 2000) -> float:
     """Nanoseconds one timed region costs in this process (median of five runs)."""
     rec = Recorder()
     rec.enabled = True

@@ -64,7 +64,8 @@ class Stat:
         self.count += n
         self.total_ns += ns
         self.sum_sq += float(per) * per * n
-        b = bucket_of(per)
+        bits = per.bit_length()  # bucket_of, inlined: this is a hot path
+        b = per if bits <= _SUB_BITS else ((bits - _SUB_BITS) << 4) + (per >> (bits - _SUB_BITS))
         self.hist[b] = self.hist.get(b, 0) + n
 
     def merge(self, other: Stat) -> None:
@@ -127,17 +128,19 @@ class Stat:
         return s
 
     @classmethod
-    def of_many(cls, durations_ns: list[int], items: list[int]) -> Stat:
+    def of_many(cls, durations_ns: list[int], items: list[int] | None = None) -> Stat:
         """A Stat of many observations at once (vectorised with NumPy when it is installed)."""
+        if not durations_ns:
+            return cls()
         try:
             import numpy as np
         except ImportError:  # pragma: no cover - numpy comes with torch and tensorflow
             s = cls()
-            for d, n in zip(durations_ns, items):
+            for d, n in zip(durations_ns, items or [1] * len(durations_ns)):
                 s.add(d, n)
             return s
         da = np.asarray(durations_ns, dtype=np.int64)
-        na = np.asarray(items, dtype=np.int64)
+        na = np.asarray(items, dtype=np.int64) if items is not None else np.ones_like(da)
         per = np.maximum(da // np.maximum(na, 1), 0)
         s = cls()
         s.count = int(na.sum())
