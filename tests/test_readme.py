@@ -36,7 +36,7 @@ def test_readme_commands_work_in_a_fresh_clone(tmp_path):
         **os.environ,
         "PIPEPROF_README_NESTED": "1",
         # the nested test run proves set-up and runner; the outer run has the full suite
-        "PYTEST_ADDOPTS": "-q -k 'test_import or test_readme_starts'",
+        "PYTEST_ADDOPTS": "-k 'test_import or test_readme_starts'",
     }
     demo, tests = readme_commands()
     res = subprocess.run(
