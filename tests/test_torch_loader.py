@@ -280,6 +280,11 @@ def test_bad_input_gets_clear_errors():
         pipeprof.profile(loader, batches=0)
     with pytest.raises(TypeError, match="positive int"):
         pipeprof.profile(loader, batches=2.5)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            pipeprof.profile(loader, device="cuda")
+    with pytest.raises(ValueError, match="not a torch device"):
+        pipeprof.profile(loader, device="warp-drive")
     with pytest.raises(ValueError, match="yielded no batches"):
         pipeprof.profile(DataLoader(CostIterable(0), batch_size=4))
 

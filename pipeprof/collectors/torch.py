@@ -214,6 +214,22 @@ def build_loader(loader: DataLoader) -> tuple[DataLoader, list[str]]:
     return DataLoader(wrapped, **kwargs), notes
 
 
+def check_device(device: Any) -> torch.device | None:
+    """``device`` as a torch.device, refusing one this machine cannot use."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} but CUDA is not available here: pass device=None (or 'cpu') "
+            "to profile without a host-to-device copy"
+        )
+    return dev
+
+
 def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:
     """``batch`` with every tensor moved to ``device``, structure kept (as a training loop does)."""
     if isinstance(batch, torch.Tensor):
@@ -240,7 +256,7 @@ class ProfiledLoader:
         self.loader, notes = build_loader(loader)
         self.session = session
         session.notes.extend(notes)
-        self.device = torch.device(device) if device is not None else None
+        self.device = check_device(device)
         self.h2d = H2DTimer(self.device) if self.device is not None else None
         self.non_blocking = bool(loader.pin_memory)
         session.meta.update(describe(loader, self.device))
