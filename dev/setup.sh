@@ -21,4 +21,12 @@ pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
 
 if [ "${1:-}" = "test" ]; then
   pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+  # Debian's chromium: tests/test_html_browser.py opens the HTML report in it, headless.
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "installing chromium (apt-get) for the HTML report test ..."
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
 fi

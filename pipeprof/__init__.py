@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from pipeprof.benchmark import Bench, bench
 from pipeprof.loop import Profiler
 from pipeprof.profiler import load, profile
 from pipeprof.recorder import stage
@@ -13,4 +14,16 @@ from pipeprof.session import Session
 from pipeprof.timer import Timer
 
 __version__ = "0.1.0"
-__all__ = ["Profiler", "Report", "Session", "Timer", "__version__", "load", "profile", "stage"]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext pipeprof``: the ``%pipeprof`` and ``%%pipeprof`` magics (pipeprof.magic)."""
+    from pipeprof.magic import load_ipython_extension as load
+
+    load(ipython)
+
+
+__all__ = [
+    "Bench", "Profiler", "Report", "Session", "Timer", "__version__", "bench", "load", "profile",
+    "stage",
+]  # fmt: skip

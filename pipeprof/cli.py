@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +40,35 @@ def _parser() -> argparse.ArgumentParser:
         help="output format (default: from -o's extension, else text)",
     )
     r.add_argument("-o", "--output", default=None, help="write here instead of standard output")
+    c = sub.add_parser("compare", help="before/after: what a change bought, per stage and loop")
+    c.add_argument("before", help="the report before the change (JSON from report.save or -o)")
+    c.add_argument("after", help="the report after the change")
+    c.add_argument(
+        "--format",
+        choices=("text", "json", "html"),
+        default=None,
+        help="output format (default: from -o's extension, else text)",
+    )
+    c.add_argument("-o", "--output", default=None, help="write here instead of standard output")
+    _bench_parser(sub)
     return p
+
+
+def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    b = sub.add_parser("bench", help="benchmark each step of a pipeline on its own, and workers")
+    b.add_argument("target", help="module:factory or file.py:factory returning a dataset, a "
+                   "DataLoader or (samples, transforms)")  # fmt: skip
+    b.add_argument("--workers", default=None, help="worker counts to run, e.g. 1,2,4")
+    b.add_argument("--samples", type=int, default=64, help="fixed samples to time (64)")
+    b.add_argument("--repeat", type=int, default=3, help="timed passes per step (3)")
+    b.add_argument("--batch-size", type=int, default=None, help="batch size (loader's, or 16)")
+    b.add_argument("--seed", type=int, default=0, help="seed for the sample set and transforms")
+    b.add_argument("--predict", default=None, help="worker counts to predict, e.g. 6,8")
+    b.add_argument("--compute-rate", type=float, default=None,
+                   help="samples/s the training step takes: the workers that feed it")  # fmt: skip
+    b.add_argument("--format", choices=("text", "json", "html"), default=None,
+                   help="output format (default: from -o's extension, else text)")  # fmt: skip
+    b.add_argument("-o", "--output", default=None, help="write here instead of standard output")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -84,11 +113,65 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pipeprof.compare import compare
+
+    fmt = args.format or (format_for(args.output) if args.output else None) or "text"
+    if fmt not in ("text", "json", "html"):
+        raise ValueError(f"a comparison is written as text, json or html, not {fmt}")
+    comparison = compare(args.before, args.after)
+    if fmt == "text" and not args.output:
+        Console().print(comparison)
+        return 0
+    text = comparison.render(fmt)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pipeprof.benchmark import resolve
+
+    def ints(text: str | None) -> list[int]:
+        return [int(v) for v in text.split(",")] if text else []
+
+    source, transforms = resolve(args.target)
+    try:
+        b = pipeprof.bench(
+            source, transforms, workers=ints(args.workers), samples=args.samples,
+            repeat=args.repeat, batch_size=args.batch_size, seed=args.seed,
+        )  # fmt: skip
+    except (TypeError, NotImplementedError) as exc:  # what the target gave is not benchmarkable
+        raise ValueError(str(exc)) from exc
+    asked = [b.predict(workers=k, compute_rate=args.compute_rate) for k in ints(args.predict)]
+    if args.compute_rate and not asked:
+        asked = [b.predict(compute_rate=args.compute_rate)]
+    fmt = args.format or (format_for(args.output) if args.output else None) or "text"
+    if fmt == "text" and not args.output:
+        Console().print(b, *(repr(p) for p in asked))
+        return 0
+    if fmt == "json":
+        text = json.dumps({**b.to_dict(), "asked": [p.to_dict() for p in asked]}, indent=2)
+    else:
+        text = b.render(fmt) + "".join(f"{p!r}\n" for p in asked)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
             return cmd_demo(args)
+        if args.command == "compare":
+            return cmd_compare(args)
+        if args.command == "bench":
+            return cmd_bench(args)
         return cmd_report(args)
     except (FileNotFoundError, ValueError, ImportError) as exc:
         Console(stderr=True).print(f"[red]pipeprof: {exc}[/red]")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeprof.analysis import analyze
 from pipeprof.session import Session, read_file
+
+if TYPE_CHECKING:
+    from pipeprof.compare import Comparison
 
 
 class Report:
@@ -62,6 +65,13 @@ class Report:
         target = Path(path)
         target.write_text(self.render("html"), encoding="utf-8")
         return target
+
+    def compare(self, other: Report) -> Comparison:
+        """This report (before) against ``other`` (after): per stage, for the loop, and how the
+        verdict changed. The Comparison shows itself like a Report; ``to_dict()`` gives data."""
+        from pipeprof.compare import compare
+
+        return compare(self, other)
 
     # ---- display --------------------------------------------------------------------------
 

@@ -6,12 +6,20 @@ from typing import Any
 
 from pipeprof.renderers.base import Renderer
 
-FORMATS = ("text", "json", "html")
-_EXTENSIONS = {".txt": "text", ".json": "json", ".html": "html", ".htm": "html"}
+FORMATS = ("text", "json", "html", "chrome")
+# longest first: "run.trace.json" is a Chrome trace, "run.json" the JSON report
+_EXTENSIONS = {
+    ".trace.json": "chrome",
+    ".trace": "chrome",
+    ".txt": "text",
+    ".json": "json",
+    ".html": "html",
+    ".htm": "html",
+}
 
 
 def get_renderer(fmt: str, **options: Any) -> Renderer:
-    """The renderer for ``fmt`` (one of FORMATS)."""
+    """The renderer for ``fmt`` (one of FORMATS); ``options`` go to its constructor."""
     if fmt == "text":
         from pipeprof.renderers.text import TextRenderer
 
@@ -24,6 +32,10 @@ def get_renderer(fmt: str, **options: Any) -> Renderer:
         from pipeprof.renderers.html import HTMLRenderer
 
         return HTMLRenderer(**options)
+    if fmt == "chrome":
+        from pipeprof.renderers.chrome import ChromeRenderer
+
+        return ChromeRenderer(**options)
     raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeprof.renderers.base import Renderer
 
@@ -22,4 +22,7 @@ class JSONRenderer(Renderer):
         data = report.to_dict()
         if self.session:
             data["session"] = report.session.to_dict()
+        return self.render_dict(data)
+
+    def render_dict(self, data: dict[str, Any]) -> str:
         return json.dumps(data, indent=self.indent)
