@@ -35,6 +35,14 @@ def bucket_bounds(index: int) -> tuple[int, int]:
     return top << shift, (top + 1) << shift
 
 
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with torch and tensorflow
+        return None
+    return numpy
+
+
 class Stat:
     """Running statistics of one stream of durations, in nanoseconds.
 
@@ -132,9 +140,8 @@ class Stat:
         """A Stat of many observations at once (vectorised with NumPy when it is installed)."""
         if not durations_ns:
             return cls()
-        try:
-            import numpy as np
-        except ImportError:  # pragma: no cover - numpy comes with torch and tensorflow
+        np = _numpy() if len(durations_ns) > 512 else None  # NumPy's fixed cost per call
+        if np is None:
             s = cls()
             for d, n in zip(durations_ns, items or [1] * len(durations_ns)):
                 s.add(d, n)

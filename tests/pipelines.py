@@ -20,22 +20,34 @@ def spin(ms: float) -> None:
         pass
 
 
-_fds: dict[tuple[int, str], int] = {}
+_logs: dict[tuple[int, str], list[str]] = {}
 
 
 def log(log_dir: str | None, stage: str, ns: int) -> None:
-    """Append one true duration: one unbuffered write on a per-process file kept open."""
+    """Keep one true duration in memory (no I/O inside the timed stage); the process writes its
+    log when it exits (a DataLoader worker) or when ``truth`` reads it (the main process)."""
     if not log_dir:
         return
     key = (os.getpid(), log_dir)
-    fd = _fds.get(key)
-    if fd is None:
-        path = Path(log_dir) / f"{os.getpid()}.log"
-        fd = _fds[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.write(fd, f"{stage} {ns}\n".encode())
+    lines = _logs.get(key)
+    if lines is None:
+        lines = _logs[key] = []
+        from multiprocessing import util
+
+        util.Finalize(None, flush, args=(key,), exitpriority=100)
+    lines.append(f"{stage} {ns}\n")
+
+
+def flush(key: tuple[int, str]) -> None:
+    lines = _logs.get(key)
+    if lines:
+        with open(Path(key[1]) / f"{key[0]}.log", "a") as f:
+            f.writelines(lines)
+        lines.clear()
 
 
 def truth(log_dir: str) -> dict[str, list[int]]:
+    flush((os.getpid(), log_dir))
     out: dict[str, list[int]] = {}
     for p in Path(log_dir).glob("*.log"):
         for line in p.read_text().splitlines():

@@ -37,7 +37,7 @@ def run_loop(loader, compute_ms: float, **kwargs):
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", ["input", "compute"])
 def test_wait_fraction_matches_truth_and_verdict(workers, case):
-    load_ms, compute_ms = (6.0, 1.0) if case == "input" else (0.0, 60.0)
+    load_ms, compute_ms = (6.0, 1.0) if case == "input" else (0.0, 100.0)
     ds = CostDataset(48, load_ms=load_ms, transform=transforms.Compose([Scale(0.0)]))
     loader = DataLoader(ds, batch_size=4, num_workers=workers)
     report, true_fraction, _ = run_loop(loader, compute_ms)
