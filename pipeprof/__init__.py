@@ -16,6 +16,15 @@ from pipeprof.timer import Timer
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str) -> object:
+    """``pipeprof.keras`` on first use (it imports TensorFlow)."""
+    if name == "keras":
+        import importlib
+
+        return importlib.import_module("pipeprof.keras")
+    raise AttributeError(f"module 'pipeprof' has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython: object) -> None:
     """``%load_ext pipeprof``: the ``%pipeprof`` and ``%%pipeprof`` magics (pipeprof.magic)."""
     from pipeprof.magic import load_ipython_extension as load

@@ -132,7 +132,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipeprof.benchmark import resolve
+    from pipeprof.sources import resolve
 
     def ints(text: str | None) -> list[int]:
         return [int(v) for v in text.split(",")] if text else []

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from pipeprof.collectors.tf_findings import TF_RULES
+
 Finding = dict[str, Any]
 Rule = Callable[[dict[str, Any], dict[str, Any]], "Finding | None"]
 
@@ -45,6 +47,8 @@ def pipeline_facts(report: dict[str, Any]) -> dict[str, Any]:
         in_workers = row["tracks"] and all(t.startswith("worker") for t in row["tracks"])
         costs[path] = row["total_s"] / (parallel if in_workers else 1)
     limiting = max(costs, key=lambda p: costs[p]) if costs else None
+    if meta.get("limiting_stage") in report["stages"]:  # the collector knows better (tf.data)
+        limiting = meta["limiting_stage"]
     pipeline_s = sum(r["total_s"] for r in leaves(report["stages"]).values()) or None
     return {
         "n_workers": n_workers,
@@ -89,7 +93,7 @@ _FIXES = {
 
 def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
     path, total = facts["limiting"], facts["pipeline_s"]
-    if path is None or not total:
+    if path is None or not total or report.get("framework") == "tf":  # tf: see tf_findings
         return None
     row = report["stages"][path]
     share = row["total_s"] / total
@@ -391,26 +395,16 @@ RULES: list[Rule] = [
     rule_slow_startup,
     rule_pin_memory,
     rule_overhead,
+    *TF_RULES,  # tf.data's terms (pipeprof/collectors/tf_findings.py); None for torch reports
 ]
 
 
 def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
-    """Throughput at other worker counts, from each worker's measured rate (an estimate)."""
-    rate, cores = facts["rate"], facts["cores"]
-    if rate is None:
-        return []
-    out = []
-    for k in sorted({1, 2, 4, 8, cores, max(1, cores - 1)}):
-        usable = min(k, cores)
-        out.append(
-            {
-                "kind": "workers",
-                "workers": k,
-                "samples_per_s": round(rate * usable, 1),
-                "basis": f"{rate:.1f} samples/s per worker × {usable} usable cores",
-            }
-        )
-    return out
+    """Throughput at other worker counts, the ceiling, the workers that feed the measured
+    compute, the limiting stage 2× faster or cached: the model of pipeprof.whatif (estimates)."""
+    from pipeprof.whatif_report import report_what_if
+
+    return report_what_if(report, facts)
 
 
 def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[dict[str, Any]]]:

@@ -24,19 +24,30 @@ def _is_torch_loader(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.utils.data.DataLoader)
 
 
+def _is_tf_dataset(obj: Any) -> bool:
+    tf = sys.modules.get("tensorflow")  # never imported here: only a tf.data object brings it
+    return tf is not None and isinstance(obj, tf.data.Dataset)
+
+
 def profile(loader: Any, batches: int | None = None, device: Any = None) -> Report:
     """Iterate ``loader`` for ``batches`` batches (None: one epoch) and report its stages.
 
-    ``loader`` is a ``torch.utils.data.DataLoader``. With ``device`` (``"cuda"``, a
+    ``loader`` is a ``torch.utils.data.DataLoader`` or a ``tf.data.Dataset`` (one batch is one
+    element; see docs/tfdata.md). With ``device`` (``"cuda"``, a
     ``torch.device``) each batch is moved there as a training loop would and ``transfer/h2d`` is
     timed. The user's loader, dataset and transforms are not modified. Exceptions raised by the
     dataset, transforms or ``collate_fn`` propagate unchanged; Ctrl-C stops early and returns a
     report of what was measured (``report["interrupted"]`` is True).
     """
     _check_batches(batches)
+    if _is_tf_dataset(loader):  # a tf.data.Dataset: traced with TensorFlow's profiler
+        from pipeprof.collectors.tfdata import profile_dataset
+
+        return profile_dataset(loader, batches, device)
     if not _is_torch_loader(loader):
         raise TypeError(
-            f"pipeprof.profile() needs a torch.utils.data.DataLoader, got {type(loader).__name__}; "
+            f"pipeprof.profile() needs a torch.utils.data.DataLoader (or a tf.data.Dataset), got "
+            f"{type(loader).__name__}; "
             "wrap a dataset first: DataLoader(dataset, batch_size=..., num_workers=...)"
         )
     _check_not_empty(loader)

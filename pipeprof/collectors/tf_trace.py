@@ -9,12 +9,14 @@ stat. Nesting by time on one thread gives the call tree; self time is the durati
 children's. Asynchronous iterators (prefetch, parallel map/interleave/batch, map-and-batch) split
 in two: the consumer's ``GetNext`` (self time there is *waiting*) and ``XxxProduce`` events on
 their own threads (self time there is *work*), joined to the ``XxxConsume`` event of the element
-they made by ``element_id``. A parallel map's function runs on the tf.data thread pool: its
-``InstantiatedCapturedFunction::RunAsync`` in the Produce event carries a ``FunctionRun`` whose
-``id`` equals that of the ``ExecutorState::Process`` events that executed the function.
+they made by ``element_id``. A map's function runs on the tf.data thread pool: the
+``InstantiatedCapturedFunction::Run``/``RunAsync`` event in the GetNext (sequential map) or the
+Produce event (parallel map) carries an ``id`` equal to that of the ``ExecutorState::Process``
+events that executed the function.
 
-From this, per iterator: *work* per element (sync iterators: self time of each GetNext;
-async ones: self time of each Produce plus the function's executor time), the consumer's *wait*,
+From this, per iterator: *work* per element (sync iterators: self time of each GetNext, or the
+function's executor time where it ran one; async ones: self time of each Produce plus the
+function's executor time), the consumer's *wait*,
 and TensorFlow's own bottleneck rule (tensorflow/profiler ``xplane_to_tf_data_stats``): walking
 each root ``GetNext`` through children and Consume→Produce links, an iterator is *blocking* when
 its event overlaps its (blocking) parent's; the blocking iterator with the largest total self time
@@ -23,22 +25,34 @@ limits the pipeline. See docs/tfdata.md for the precision of each figure.
 
 from __future__ import annotations
 
-import glob
-import os
 import re
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeprof.collectors import tf_capture as cap
+from pipeprof.collectors.tf_capture import Capture, Event
+
 #: Iterators whose GetNext hands over elements made by their own threads (TensorFlow's list).
-ASYNC_KINDS = frozenset({"Prefetch", "ParallelInterleave", "ParallelInterleaveV2",
-                         "ParallelInterleaveV3", "ParallelInterleaveV4", "ParallelMap",
-                         "ParallelMapV2", "ParseExample", "MapAndBatch", "DataService",
-                         "LegacyParallelInterleave", "ParallelBatch", "PrefetchToDevice"})  # fmt: skip
+ASYNC_KINDS = frozenset(
+    {
+        "Prefetch",
+        "ParallelInterleave",
+        "ParallelInterleaveV2",
+        "ParallelInterleaveV3",
+        "ParallelInterleaveV4",
+        "ParallelMap",
+        "ParallelMapV2",
+        "ParseExample",
+        "MapAndBatch",
+        "DataService",
+        "LegacyParallelInterleave",
+        "ParallelBatch",
+        "PrefetchToDevice",
+    }
+)
+#: Async iterators whose Produce calls the user's function once per element.
+MAPPING_KINDS = frozenset({"ParallelMap", "ParallelMapV2", "MapAndBatch", "LegacyParallelMap"})
 _INDEX = re.compile(r"\[\d+\]")
-_ITER, _PRODUCE, _CONSUME, _RUN_ASYNC, _FN_RUN = range(5)
 
 
 def kind_of(long_name: str) -> str:
@@ -59,6 +73,8 @@ class IteratorStats:
     fn_ns: int = 0  # executor time of functions launched asynchronously
     fn_calls: int = 0
     blocking_ns: int = 0  # self time while blocking a root GetNext (TensorFlow's rule)
+    first_ns: int = 0  # self time of each iterator's first GetNext (builds its inputs: start-up)
+    first_calls: int = 0
     params: dict[str, Any] = field(default_factory=dict)  # parallelism, buffer_limit, ...
     # one (start_ns, ns) per element of work, in the perf_counter time base
     items: list[tuple[int, int, str]] = field(default_factory=list)
@@ -71,265 +87,167 @@ class Trace:
     iterators: dict[tuple[str, str], IteratorStats] = field(default_factory=dict)
     roots: list[tuple[int, int]] = field(default_factory=list)  # root GetNext (start_ns, ns)
     events: int = 0
+    startup_ns: int = 0  # the first root GetNext, left out of the blocking totals
 
 
-class Capture:
-    """Runs the TensorFlow profiler (host tracer only) into a temporary folder.
-
-    ``start`` returns False with ``error`` set when the profiler cannot run here (another
-    profiling session is active, say); callers then fall back and say so.
-    """
-
-    def __init__(self) -> None:
-        self.logdir = ""
-        self.offset_ns = 0  # epoch ns - perf_counter ns
-        self.running = False
-        self.error: str | None = None
-
-    def start(self) -> bool:
-        import tensorflow as tf
-
-        self.logdir = tempfile.mkdtemp(prefix="pipeprof-tf-")
-        opts = tf.profiler.experimental.ProfilerOptions(
-            host_tracer_level=2, python_tracer_level=0, device_tracer_level=0)
-        try:
-            tf.profiler.experimental.start(self.logdir, options=opts)
-        except Exception as exc:  # AlreadyExistsError, UnavailableError, ...
-            self.error = f"{type(exc).__name__}: {exc}".strip()
-            shutil.rmtree(self.logdir, ignore_errors=True)
-            return False
-        self.offset_ns = time.time_ns() - time.perf_counter_ns()
-        self.running = True
-        return True
-
-    def stop(self, known: set[str] | frozenset[str] = frozenset()) -> Trace | None:
-        """Stop the profiler and parse what it wrote (None, with ``error``, if nothing)."""
-        if not self.running:
-            return None
-        import tensorflow as tf
-
-        self.running = False
-        try:
-            tf.profiler.experimental.stop()
-            space = read_space(self.logdir)
-            return parse(space, self.offset_ns, known) if space is not None else None
-        except Exception as exc:  # a trace we cannot read must not break the user's loop
-            self.error = f"{type(exc).__name__}: {exc}".strip()
-            return None
-        finally:
-            shutil.rmtree(self.logdir, ignore_errors=True)
-
-
-def _xplane_pb2() -> Any:
-    try:
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    except ImportError:  # older layouts
-        from tsl.profiler.protobuf import xplane_pb2  # type: ignore[no-redef]
-    return xplane_pb2
-
-
-def read_space(logdir: str) -> Any:
-    """The XSpace the profiler wrote under ``logdir/plugins/profile/<run>/``, or None."""
-    files = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
-    if not files:
-        return None
-    space = _xplane_pb2().XSpace()
-    with open(files[-1], "rb") as fh:
-        space.ParseFromString(fh.read())
-    return space
-
-
-class _Ev:
-    __slots__ = ("children", "code", "consumed", "dur", "end", "key", "line", "name", "runs",
-                 "start", "stats")
-
-    def __init__(self, code: int, name: str, start: int, dur: int, line: str) -> None:
-        self.code = code
-        self.name = name
-        self.start = start
-        self.dur = dur
-        self.end = start + dur
-        self.line = line
-        self.stats: dict[str, Any] = {}
-        self.children: list[_Ev] = []  # iterator events directly inside
-        self.runs: list[_Ev] = []  # RunAsync directly inside; for RunAsync: its FunctionRun
-        self.consumed: list[tuple[str, Any]] = []  # elements an iterator event took over
-        self.key: tuple[str, str] | None = None
-
-
-_WANTED = {"id", "parent_id", "name", "element_id", "parallelism", "buffer_limit", "autotune",
-           "batch_size", "cycle_length", "deterministic", "buffer_size"}  # fmt: skip
-
-
-def _code(name: str) -> int | None:
-    if name.startswith("Iterator::"):
-        return _ITER
-    if name.endswith("Produce"):
-        return _PRODUCE
-    if name.endswith("Consume"):
-        return _CONSUME
-    if name == "InstantiatedCapturedFunction::RunAsync":
-        return _RUN_ASYNC
-    if name == "FunctionRun":
-        return _FN_RUN
-    return None
-
-
-def _host_plane(space: Any) -> tuple[Any, int]:
-    plane, start = None, 0
-    for p in space.planes:
-        if p.name == "/host:CPU":
-            plane = p
-        for s in p.stats:
-            if p.stat_metadata[s.metadata_id].name == "profile_start_time":
-                start = int(s.uint64_value or s.int64_value)
-    return plane, start
-
-
-def _stat_value(plane: Any, s: Any) -> Any:
-    kind = s.WhichOneof("value")
-    if kind == "ref_value":
-        return plane.stat_metadata[s.ref_value].name
-    return getattr(s, kind) if kind else None
-
-
-def _events(space: Any, offset_ns: int) -> tuple[list[_Ev], dict[int, int]]:
-    """Relevant events (perf_counter ns) and executor time per function step id."""
-    plane, t0 = _host_plane(space)
-    if plane is None:
-        return [], {}
-    names = {k: m.name for k, m in plane.event_metadata.items()}
-    codes = {k: _code(n) for k, n in names.items()}
-    process_ids = {k for k, n in names.items() if n == "ExecutorState::Process"}
-    stat_names = {k: m.name for k, m in plane.stat_metadata.items()}
-    out: list[_Ev] = []
-    process: dict[int, int] = {}
-    for line in plane.lines:
-        base = t0 + line.timestamp_ns - offset_ns
-        label = line.display_name or line.name
-        for e in line.events:
-            mid = e.metadata_id
-            if mid in process_ids:
-                for s in e.stats:
-                    if stat_names.get(s.metadata_id) == "id":
-                        step = s.int64_value or s.uint64_value
-                        process[step] = process.get(step, 0) + e.duration_ps // 1000
-                continue
-            code = codes.get(mid)
-            if code is None:
-                continue
-            ev = _Ev(code, names[mid], base + e.offset_ps // 1000, e.duration_ps // 1000, label)
-            for s in e.stats:
-                sname = stat_names.get(s.metadata_id)
-                if sname in _WANTED:
-                    ev.stats[sname] = _stat_value(plane, s)
-            out.append(ev)
-    return out, process
-
-
-def _nest(events: list[_Ev]) -> tuple[list[_Ev], dict[Any, list[_Ev]], list[_Ev]]:
+def _nest(events: list[Event]) -> tuple[list[Event], dict[Any, list[Event]], list[Event]]:
     """Link events on each thread by time: children, async runs, consumers and producers."""
     events.sort(key=lambda e: (e.line, e.start, -e.dur))
-    consumes: dict[Any, list[_Ev]] = {}  # element_id -> iterator events that consumed it
-    produces: list[_Ev] = []
-    stack: list[_Ev] = []
+    consumes: dict[Any, list[Event]] = {}  # element_id -> iterator events that consumed it
+    produces: list[Event] = []
+    stack: list[Event] = []
     line = None
     for ev in events:
         if ev.line != line:
             stack, line = [], ev.line
         while stack and stack[-1].end <= ev.start:
             stack.pop()
-        anchor = next((a for a in reversed(stack) if a.code in (_ITER, _PRODUCE)), None)
-        if ev.code == _ITER and anchor is not None:
+        anchor = next((a for a in reversed(stack) if a.code in (cap.ITER, cap.PRODUCE)), None)
+        if ev.code == cap.ITER and anchor is not None:
             anchor.children.append(ev)
-        elif ev.code == _CONSUME and anchor is not None and anchor.code == _ITER:
+        elif ev.code == cap.CONSUME and anchor is not None and anchor.code == cap.ITER:
             consumes.setdefault(_link(ev), []).append(anchor)
             anchor.consumed.append(_link(ev))
-        elif ev.code == _RUN_ASYNC and anchor is not None:
+        elif ev.code == cap.RUN and anchor is not None:
             anchor.runs.append(ev)
-        elif ev.code == _FN_RUN and stack and stack[-1].code == _RUN_ASYNC:
-            stack[-1].runs.append(ev)
-        if ev.code == _PRODUCE:
+        if ev.code == cap.PRODUCE:
             produces.append(ev)
-        if ev.code != _FN_RUN:
-            stack.append(ev)
+        stack.append(ev)
     return produces, consumes, events
 
 
-def _link(ev: _Ev) -> tuple[str, Any]:
+def _link(ev: Event) -> tuple[str, Any]:
     """``MapAndBatchProduce``/``MapAndBatchConsume`` of one element share (prefix, element_id)."""
-    return ev.name[: -len("Produce" if ev.code == _PRODUCE else "Consume")], ev.stats.get(
-        "element_id")
+    return ev.name[: -len("Produce" if ev.code == cap.PRODUCE else "Consume")], ev.stats.get(
+        "element_id"
+    )
 
 
-def parse(space: Any, offset_ns: int, known: set[str] | frozenset[str] = frozenset()) -> Trace:
+def parse(
+    space: Any,
+    offset_ns: int,
+    known: set[str] | frozenset[str] = frozenset(),
+    fresh: bool = True,
+    until_ns: int | None = None,
+) -> Trace:
     """Per-iterator work, wait and blocking time from an XSpace (see the NOTE above).
 
     ``known`` holds the dataset names of the user's graph; names outside it (datasets an
     interleave builds at run time, one per file) are merged per position in the pipeline.
+    ``fresh``: the capture began before the pipeline's iterator was made, so the first root
+    GetNext is start-up and stays out of the blocking totals. Events that start after
+    ``until_ns`` are left out (Keras tears an iterator down after the traced steps).
     """
-    events, process = _events(space, offset_ns)
-    produces, consumes, events = _nest(events)
-    trace = Trace(events=len(events))
-    for ev in events:
-        if ev.code == _ITER:
-            ev.key = _account_iterator(trace, ev, known)
-    made: dict[tuple[str, Any], list[_Ev]] = {}
+    evs, process = cap.events(space, offset_ns)
+    if until_ns is not None:
+        evs = [e for e in evs if e.start <= until_ns]
+    evs = _rooted(evs)
+    produces, consumes, evs = _nest(evs)
+    trace = Trace(events=len(evs))
+    seen: set[Any] = set()
+    for ev in sorted((e for e in evs if e.code == cap.ITER), key=lambda e: e.start):
+        ev.key = _account_iterator(trace, ev, known, seen, process)
+    made: dict[tuple[str, Any], list[Event]] = {}
     owner_of_line: dict[str, tuple[str, str]] = {}
     for ev in produces:
         made.setdefault(_link(ev), []).append(ev)
         _account_produce(trace, ev, consumes, process, owner_of_line)
-    for ev in events:
-        if ev.code == _ITER and ev.name.count("::") == 1:  # a root GetNext
-            trace.roots.append((ev.start, ev.dur))
-            _blocking(trace, ev, made, True, 0)
-    trace.roots.sort()
+    roots = sorted(
+        (e for e in evs if e.code == cap.ITER and e.name.count("::") == 1), key=lambda e: e.start
+    )
+    for i, ev in enumerate(roots):
+        trace.roots.append((ev.start, ev.dur))
+        if i == 0 and fresh and len(roots) > 1:
+            trace.startup_ns = ev.dur
+            continue
+        _blocking(trace, ev, made, True, 0)
     return trace
 
 
-def _account_iterator(trace: Trace, ev: _Ev, known: set[str] | frozenset[str]) -> tuple[str, str]:
+def _rooted(evs: list[Event]) -> list[Event]:
+    """Leave out iterators no root GetNext reached: one an input pipeline builds and tears down
+    unused (Keras does at the end of an epoch) still runs its inputs, but delivers nothing."""
+    parent = {e.stats.get("id"): e.stats.get("parent_id") for e in evs if e.code == cap.ITER}
+    ok = {e.stats.get("id") for e in evs if e.code == cap.ITER and e.name.count("::") == 1}
+    if not ok:  # no root in the capture: nothing to judge by
+        return evs
+    bad: set[Any] = set()
+    for start in parent:
+        chain: list[Any] = []
+        node = start
+        while node is not None and node not in ok and node not in bad and len(chain) < 64:
+            chain.append(node)
+            node = parent.get(node)
+        (ok if node in ok else bad).update(chain)
+    return [e for e in evs if e.code != cap.ITER or e.stats.get("id") not in bad]
+
+
+def _fn_ns(ev: Event, process: dict[int, int]) -> int:
+    """Executor time of the functions ``ev`` ran (their ``id`` is the executor's step id)."""
+    return sum(process.get(int(run.stats.get("id") or 0), 0) for run in ev.runs)
+
+
+def _account_iterator(
+    trace: Trace,
+    ev: Event,
+    known: set[str] | frozenset[str],
+    seen: set[Any],
+    process: dict[int, int],
+) -> tuple[str, str]:
     long_name = _INDEX.sub("", ev.name)
     dataset = str(ev.stats.get("name") or "")
-    key = (long_name, dataset if dataset in known or not known else "")
+    key = (long_name, dataset if not known or _known(dataset, known) else "")
     it = trace.iterators.get(key)
     if it is None:
         it = trace.iterators[key] = IteratorStats(long_name, kind_of(long_name), key[1])
-    for p in ("parallelism", "buffer_limit", "autotune", "batch_size", "cycle_length",
-              "deterministic", "buffer_size"):  # fmt: skip
-        if p in ev.stats:
-            it.params[p] = ev.stats[p]
+    it.params.update((p, v) for p, v in ev.stats.items() if p in cap.PARAMS)
     it.calls += 1
-    own = ev.dur - sum(c.dur for c in ev.children)
+    own = max(0, ev.dur - sum(c.dur for c in ev.children))
+    instance = ev.stats.get("id")
     if it.kind in ASYNC_KINDS:
-        it.wait_ns += max(0, own)
+        it.wait_ns += own
+    elif instance not in seen:  # the first GetNext makes the input iterators: start-up
+        it.first_ns += own
+        it.first_calls += 1
     else:
-        it.work_ns += max(0, own)
-        it.items.append((ev.start, max(0, own), ev.line))
+        fn = _fn_ns(ev, process)  # a sync map's function, run while this GetNext waits
+        it.work_ns += own
+        it.fn_ns += fn
+        it.fn_calls += len(ev.runs)
+        it.items.append((ev.start, fn if fn else own, ev.line))
+    seen.add(instance)
     return key
 
 
-def _account_produce(trace: Trace, ev: _Ev, consumes: dict[Any, list[_Ev]],
-                     process: dict[int, int], owner_of_line: dict[str, tuple[str, str]]) -> None:  # fmt: skip
+def _known(dataset: str, known: set[str] | frozenset[str]) -> bool:
+    if dataset.startswith("fused(") and dataset.endswith(")"):  # fused(MapDataset:1,...)
+        return any(part in known for part in dataset[6:-1].split(","))
+    return dataset in known
+
+
+def _account_produce(
+    trace: Trace,
+    ev: Event,
+    consumes: dict[Any, list[Event]],
+    process: dict[int, int],
+    owner_of_line: dict[str, tuple[str, str]],
+) -> None:
     """An async iterator's work on its own thread: the Produce event and the function it ran."""
-    key = _owner(trace, ev, consumes)
-    if key is None:
-        key = owner_of_line.get(ev.line)
+    key = _owner(trace, ev, consumes) or owner_of_line.get(ev.line)
     if key is None:
         return
     owner_of_line[ev.line] = key
     it = trace.iterators[key]
-    fn = 0
-    for run in ev.runs:
-        for fr in run.runs:
-            fn += process.get(fr.stats.get("id"), 0)  # type: ignore[arg-type]
-        it.fn_calls += 1
+    fn = _fn_ns(ev, process)
     own = max(0, ev.dur - sum(c.dur for c in ev.children))
     it.fn_ns += fn
+    it.fn_calls += len(ev.runs)
     it.work_ns += own + fn
-    it.items.append((ev.start, own + fn, ev.line))
+    if ev.runs or it.kind not in MAPPING_KINDS:  # a map's Produce without a call made nothing
+        it.items.append((ev.start, own + fn, ev.line))
 
 
-def _owner(trace: Trace, ev: _Ev, consumes: dict[Any, list[_Ev]]) -> tuple[str, str] | None:
+def _owner(trace: Trace, ev: Event, consumes: dict[Any, list[Event]]) -> tuple[str, str] | None:
     """The async iterator a Produce event worked for: its children's parent, or its consumer."""
     parents = {c.stats.get("parent_id") for c in ev.children}
     if parents:
@@ -342,7 +260,7 @@ def _owner(trace: Trace, ev: _Ev, consumes: dict[Any, list[_Ev]]) -> tuple[str, 
     return consumers[0].key if consumers else None
 
 
-def _by_id(trace: Trace, parents: set[Any], ev: _Ev) -> tuple[str, str] | None:
+def _by_id(trace: Trace, parents: set[Any], ev: Event) -> tuple[str, str] | None:
     child = ev.children[0].key
     if child is None:
         return None
@@ -353,8 +271,9 @@ def _by_id(trace: Trace, parents: set[Any], ev: _Ev) -> tuple[str, str] | None:
     return None
 
 
-def _blocking(trace: Trace, ev: _Ev, made: dict[Any, list[_Ev]], blocking: bool,
-              depth: int) -> None:  # fmt: skip
+def _blocking(
+    trace: Trace, ev: Event, made: dict[Any, list[Event]], blocking: bool, depth: int
+) -> None:
     """TensorFlow's rule: subtract children's overlap; a child blocks if it overlaps."""
     if depth > 100 or ev.key is None:
         return
@@ -367,7 +286,7 @@ def _blocking(trace: Trace, ev: _Ev, made: dict[Any, list[_Ev]], blocking: bool,
         trace.iterators[ev.key].blocking_ns += max(0, own)
 
 
-def _tree_children(ev: _Ev, made: dict[Any, list[_Ev]]) -> list[_Ev]:
+def _tree_children(ev: Event, made: dict[Any, list[Event]]) -> list[Event]:
     """Children on the same thread, plus the input calls its producers made for the elements
     this call consumed (an async iterator's)."""
     kids = list(ev.children)
@@ -375,3 +294,30 @@ def _tree_children(ev: _Ev, made: dict[Any, list[_Ev]]) -> list[_Ev]:
         for prod in made.get(link, ()):
             kids.extend(prod.children)
     return kids
+
+
+def stop(
+    capture: Capture,
+    known: set[str] | frozenset[str] = frozenset(),
+    fresh: bool = True,
+    until_ns: int | None = None,
+) -> Trace | None:
+    """Stop ``capture`` and parse its trace (None, with ``capture.error`` set, if nothing)."""
+    return parse_capture(capture, capture.stop(), known, fresh, until_ns)
+
+
+def parse_capture(
+    capture: Capture,
+    space: Any,
+    known: set[str] | frozenset[str] = frozenset(),
+    fresh: bool = True,
+    until_ns: int | None = None,
+) -> Trace | None:
+    """Parse the XSpace a stopped ``capture`` returned (None if there is none or it is bad)."""
+    if space is None:
+        return None
+    try:
+        return parse(space, capture.offset_ns, known, fresh, until_ns)
+    except Exception as exc:  # a trace we cannot read must not break the user's loop
+        capture.error = f"{type(exc).__name__}: {exc}".strip()
+        return None

@@ -1,0 +1,121 @@
+"""pipeprof.keras.ProfilerCallback in real Keras fit(): input-bound, compute-bound, fallback."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import pipeprof.keras  # noqa: E402
+
+TRUTH: list[int] = []
+BATCH = 8
+
+
+def slow_read(x):
+    t0 = time.perf_counter_ns()
+    time.sleep(0.008)
+    TRUTH.append(time.perf_counter_ns() - t0)
+    return x
+
+
+def load_fn(x, y):
+    x = tf.py_function(slow_read, [x], tf.float32)
+    x.set_shape([32])
+    return x, y
+
+
+def data(slow: bool, batches: int = 20):
+    rng = np.random.default_rng(0)
+    xs = rng.random((batches * BATCH, 32), dtype=np.float32)
+    ys = rng.random((batches * BATCH, 1), dtype=np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((xs, ys))
+    if slow:
+        ds = ds.map(load_fn)
+    return ds.batch(BATCH).prefetch(1)
+
+
+def model(units: int):
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential(
+        [
+            keras.Input((32,)),
+            keras.layers.Dense(units, activation="relu"),
+            keras.layers.Dense(units, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    m.compile(optimizer="sgd", loss="mse")
+    return m
+
+
+@pytest.fixture(scope="module")
+def input_bound():
+    TRUTH.clear()
+    ds = data(slow=True)
+    cb = pipeprof.keras.ProfilerCallback(ds)
+    model(16).fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    return cb.report().to_dict(), statistics.fmean(TRUTH) / 1e6
+
+
+def test_input_bound_fit(input_bound):
+    data_, per_sample_ms = input_bound
+    assert data_["framework"] == "tf" and data_["mode"] == "loop"
+    assert data_["verdict"]["kind"] == "input-bound"
+    loop = data_["loop"]
+    assert loop["steps"] == 18  # 20 steps, the first 2 skipped (they compile the train step)
+    assert loop["steady"]["wait_fraction"] > 0.6
+    assert data_["meta"]["keras"]["wait_method"] == "profiler"
+    assert data_["meta"]["tf"]["bottleneck"]["stage"] == "transform/load_fn"
+    # in situ a py_function also waits for the GIL, which its own clock does not see
+    load_ms = data_["stages"]["transform/load_fn"]["mean_ms"]
+    assert per_sample_ms <= load_ms * 1.02 and load_ms == pytest.approx(per_sample_ms, rel=0.20)
+    # with prefetch(1), each step waits for the batch's reading minus the overlapped compute
+    # (10 % on a quiet machine; 20 % leaves room for the shared 2-core CI box)
+    expected = BATCH * load_ms - loop["compute_ms"]["mean_ms"]
+    assert loop["wait_ms"]["mean_ms"] == pytest.approx(expected, rel=0.20)
+    assert data_["samples"] == 18 * BATCH
+
+
+def test_compute_bound_fit():
+    ds = data(slow=False, batches=12)
+    cb = pipeprof.keras.ProfilerCallback(ds, trace_steps=8)
+    model(1024).fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    data_ = cb.report().to_dict()
+    assert data_["verdict"]["kind"] == "compute-bound", data_["verdict"]
+    assert data_["loop"]["steps"] == 8
+    assert data_["loop"]["steady"]["wait_fraction"] < 0.05
+
+
+def test_differential_run_restores_the_model():
+    ds = data(slow=False, batches=6)
+    m = model(16)
+    cb = pipeprof.keras.ProfilerCallback(ds, differential=True, replay_batches=4)
+    m.fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    before = [w.copy() for w in m.get_weights()]
+    iterations = int(m.optimizer.iterations.numpy())
+    cb._differential()  # again, on the trained model: it must leave no trace
+    assert all(np.array_equal(a, b) for a, b in zip(before, m.get_weights()))
+    assert int(m.optimizer.iterations.numpy()) == iterations
+    replay = cb.report().to_dict()["loop"]["replay"]
+    assert replay["batches"] == 4 and replay["compute_samples_per_s"] > 0
+
+
+def test_profiler_busy_falls_back_to_the_differential_run(tmp_path):
+    TRUTH.clear()
+    ds = data(slow=True, batches=10)
+    cb = pipeprof.keras.ProfilerCallback(ds)
+    tf.profiler.experimental.start(str(tmp_path))
+    try:
+        model(16).fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    finally:
+        tf.profiler.experimental.stop()
+    data_ = cb.report().to_dict()
+    assert data_["meta"]["keras"]["wait_method"] == "differential"
+    assert any("profiler could not run" in n for n in data_["notes"])
+    assert data_["verdict"]["kind"] == "input-bound"
