@@ -63,8 +63,10 @@ def bench(
     """
     if _is_tf(source):
         raise NotImplementedError(
-            "pipeprof.bench() does not take tf.data pipelines yet; benchmark the map functions "
-            "with pipeprof.bench(list_of_elements, [fn1, fn2, ...]) or profile the pipeline"
+            "pipeprof.bench() does not take tf.data pipelines yet: for each op's marginal cost "
+            "run pipeprof.collectors.tf_bench.benchmark_prefixes(dataset), profile it with "
+            "pipeprof.profile(dataset), or bench the map functions as Python callables: "
+            "pipeprof.bench(list_of_elements, [fn1, fn2, ...])"
         )
     repeat, warmup = _positive("repeat", repeat, 1), _positive("warmup", warmup, 0)
     counts = sorted({int(workers)} if isinstance(workers, int) else set(workers or ()))
