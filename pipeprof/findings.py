@@ -402,6 +402,8 @@ RULES: list[Rule] = [
 def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
     """Throughput at other worker counts, the ceiling, the workers that feed the measured
     compute, the limiting stage 2× faster or cached: the model of pipeprof.whatif (estimates)."""
+    if report.get("framework") == "tf":  # tf.data runs in threads: worker counts do not apply
+        return []
     from pipeprof.whatif_report import report_what_if
 
     return report_what_if(report, facts)

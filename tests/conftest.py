@@ -4,6 +4,10 @@ import threading
 
 import pytest
 
+# torchvision (through triton) segfaults on import once TensorFlow is loaded in the same process;
+# importing it first keeps any selection of tests (-k, single files) safe.
+import torchvision  # noqa: F401
+
 from pipeprof.recorder import recorder
 
 
