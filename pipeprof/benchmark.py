@@ -59,15 +59,17 @@ def bench(
     DataLoader runs of about ``seconds`` each, with ``batch_size`` (default: the loader's, else
     16). ``probe`` measures how busy the cores are with other programs (0.25 s).
 
-    tf.data pipelines are not supported yet (NotImplementedError): profile them instead.
+    A tf.data pipeline is benchmarked prefix by prefix (each op's marginal cost per sample, see
+    pipeprof/collectors/tf_benchview.py) and gives a ``TFBench``; ``workers`` does not apply.
     """
     if _is_tf(source):
-        raise NotImplementedError(
-            "pipeprof.bench() does not take tf.data pipelines yet: for each op's marginal cost "
-            "run pipeprof.collectors.tf_bench.benchmark_prefixes(dataset), profile it with "
-            "pipeprof.profile(dataset), or bench the map functions as Python callables: "
-            "pipeprof.bench(list_of_elements, [fn1, fn2, ...])"
-        )
+        if transforms is not None or workers is not None:
+            raise ValueError("a tf.data pipeline is benchmarked as it is: pass no transforms "
+                             "and no workers (its parallelism is num_parallel_calls)")  # fmt: skip
+        from pipeprof.collectors.tf_benchview import bench_tf
+
+        n = samples if isinstance(samples, int) else len(samples)
+        return bench_tf(source, samples=n, repeat=repeat, warmup=warmup)  # type: ignore[return-value]
     repeat, warmup = _positive("repeat", repeat, 1), _positive("warmup", warmup, 0)
     counts = sorted({int(workers)} if isinstance(workers, int) else set(workers or ()))
     if any(k < 0 for k in counts):

@@ -299,3 +299,23 @@ def test_profiling_a_non_tf_object_never_imports_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_bench_times_each_op_of_a_tf_pipeline_prefix_by_prefix():
+    ds = (tf.data.Dataset.range(200)
+          .map(costly("slow_decode", 6.0))
+          .map(costly("quick_flip", 1.0))
+          .batch(4))
+    b = pipeprof.bench(ds, samples=12, repeat=2, warmup=2)
+    rows = {r["stage"]: r for r in b["stages"]}
+    assert b["slowest"] == "transform/slow_decode"
+    assert rows["transform/slow_decode"]["marginal_ms_per_sample"] == pytest.approx(6.0, rel=0.35)
+    # stand-alone marginals of cheap py_function maps are noisy (GIL hand-over): order only
+    quick = rows["transform/quick_flip"]["marginal_ms_per_sample"]
+    assert quick < rows["transform/slow_decode"]["marginal_ms_per_sample"]
+    assert rows["collate"]["samples"] == 2 * 12 * 4
+    assert "transform/slow_decode" in b.render("text") and b.render("json").startswith("{")
+    with pytest.raises(NotImplementedError, match="num_parallel_calls"):
+        b.predict(workers=4)
+    with pytest.raises(ValueError, match="as it is"):
+        pipeprof.bench(ds, workers=[1, 2])
