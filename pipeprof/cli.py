@@ -99,36 +99,40 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    fmt = args.format or (format_for(args.output) if args.output else None) or "text"
-    report = pipeprof.load(args.file)
-    if fmt == "text" and not args.output:
-        Console().print(report)
-        return 0
-    text = report.render(fmt)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+def _format(args: argparse.Namespace) -> str:
+    """--format, else the output file's extension, else text."""
+    return str(args.format or (format_for(args.output) if args.output else None) or "text")
+
+
+def _write(text: str, output: str | None) -> int:
+    """``text`` to the file ``output``, or to standard output."""
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    fmt = _format(args)
+    report = pipeprof.load(args.file)
+    if fmt == "text" and not args.output:
+        Console().print(report)
+        return 0
+    return _write(report.render(fmt), args.output)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from pipeprof.compare import compare
 
-    fmt = args.format or (format_for(args.output) if args.output else None) or "text"
+    fmt = _format(args)
     if fmt not in ("text", "json", "html"):
         raise ValueError(f"a comparison is written as text, json or html, not {fmt}")
     comparison = compare(args.before, args.after)
     if fmt == "text" and not args.output:
         Console().print(comparison)
         return 0
-    text = comparison.render(fmt)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    return 0
+    return _write(comparison.render(fmt), args.output)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -148,7 +152,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     asked = [b.predict(workers=k, compute_rate=args.compute_rate) for k in ints(args.predict)]
     if args.compute_rate and not asked:
         asked = [b.predict(compute_rate=args.compute_rate)]
-    fmt = args.format or (format_for(args.output) if args.output else None) or "text"
+    fmt = _format(args)
     if fmt == "text" and not args.output:
         Console().print(b, *(repr(p) for p in asked))
         return 0
@@ -156,11 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         text = json.dumps({**b.to_dict(), "asked": [p.to_dict() for p in asked]}, indent=2)
     else:
         text = b.render(fmt) + "".join(f"{p!r}\n" for p in asked)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    return 0
+    return _write(text, args.output)
 
 
 def main(argv: list[str] | None = None) -> int:
