@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -32,9 +32,6 @@ from pipeprof.renderers.figures import (
     top_total,
     util,
 )
-
-if TYPE_CHECKING:
-    pass
 
 MAX_WIDTH = 80
 BAR_WIDTH = 12
