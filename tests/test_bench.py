@@ -122,7 +122,8 @@ def test_image_folder_gets_read_and_decode(tmp_path):
     assert s["load/read"]["out"].startswith("bytes")
     assert s["transform/ToTensor"]["out"] == "Tensor 3×32×48 float32"
     assert s["transform/ToTensor"]["out_bytes"] == 3 * 32 * 48 * 4
-    assert s["load/decode"]["share"] <= s["load"]["share"]
+    # decode is part of load, but each is timed in its own passes: allow noise between passes
+    assert s["load/decode"]["share"] <= 1.25 * s["load"]["share"]
     # a DataLoader brings its batch size and worker count
     lb = pipeprof.bench(DataLoader(ds, batch_size=4, num_workers=2), repeat=1, probe=False)
     assert lb.batch_size == 4 and lb.default_workers == 2
