@@ -227,7 +227,9 @@ def test_user_stages_inside_workers(tmp_path):
     stages = pipeprof.profile(loader)["stages"]
     assert stages["load/read"]["count"] == 12
     assert stages["load/decode"]["count"] == 12
-    assert stages["load/decode"]["mean_ms"] == pytest.approx(2.0, rel=0.25)
+    # a 2 ms sleep never takes less, and overshoots on a busy host
+    assert 2.0 <= stages["load/decode"]["mean_ms"] < 4.0
+    assert stages["load/read"]["mean_ms"] < stages["load/decode"]["mean_ms"]
     assert (
         stages["load"]["total_s"]
         >= stages["load/read"]["total_s"] + stages["load/decode"]["total_s"]
