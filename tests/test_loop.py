@@ -175,7 +175,8 @@ def test_replay_baseline_measures_compute_only_throughput():
             step(batch)
     result = prof.replay(step)
     assert result["batches"] == 4
-    assert result["compute_samples_per_s"] == pytest.approx(4 / 0.002, rel=0.35)
+    # 4 samples per 2 ms sleep: at most 2000/s; a sleep overshoots on a busy host
+    assert 4 / 0.004 < result["compute_samples_per_s"] <= 4 / 0.002
     tp = prof.report()["loop"]["throughput"]
     assert tp["replay_compute_samples_per_s"] == result["compute_samples_per_s"]
     assert tp["speedup_if_data_free"] > 1.5  # loading (4 ms/sample) dominates
