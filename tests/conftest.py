@@ -26,3 +26,8 @@ def nothing_leaks():
         if t.name.startswith("pipeprof") and t.name not in before
     ]
     assert not leaked, f"sampler threads left running: {leaked}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that build whole environments run last, so their load never overlaps a timing test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
