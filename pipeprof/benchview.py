@@ -174,16 +174,18 @@ def _rows(stages: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any] | None]]
 
 
 def stage_table(data: dict[str, Any]) -> RenderableType:
+    from rich.text import Text
+
     cols = ("stage", "mean", "p50", "p95", "samples/s", "share", "cpu")
     t = _table("each stage on its own: ms per sample", cols, ("stage", "share", "cpu"))
     for label, r in _rows(data["stages"]):
         if r is None:
-            t.add_row(label, *[""] * 6)
+            t.add_row(Text(label), *[""] * 6)
             continue
         name = label + (f" ×{r['calls_per_sample']:.3g}" if r["calls_per_sample"] != 1.0 else "")
         share = f"{_num(r['share'], '>4.0%')} {_bar(r['share'])}" if r["share"] is not None else ""
         kind = r["kind"] + (" GIL" if (r["gil_held"] or 0) >= 0.5 else "")
-        t.add_row(name, _num(r["mean_ms"]), _num(r["p50_ms"]), _num(r["p95_ms"]),
+        t.add_row(Text(name), _num(r["mean_ms"]), _num(r["p50_ms"]), _num(r["p95_ms"]),
                   _num(r["samples_per_s"], ".0f"), share, kind)  # fmt: skip
     return t
 
@@ -191,13 +193,14 @@ def stage_table(data: dict[str, Any]) -> RenderableType:
 def output_table(data: dict[str, Any]) -> RenderableType:
     """What each stage gives: type, shape, size; failures and skipped stages in colour."""
     from rich.markup import escape
+    from rich.text import Text
 
     t = _table(
         "what each stage gives (one sample)", ("stage", "output", "size"), ("stage", "output")
     )
     for label, r in _rows(data["stages"]):
         if r is None:
-            t.add_row(label, "", "")
+            t.add_row(Text(label), "", "")
             continue
         out = escape(r["out"] or "")
         if r["errors"]:
@@ -205,7 +208,7 @@ def output_table(data: dict[str, Any]) -> RenderableType:
             out = f"[red]{r['errors']['count']} failed: {err}[/red]" + (f"; {out}" if out else "")
         if r["skipped"]:
             out = f"[yellow]{r['skipped']}[/yellow]"
-        t.add_row(label, out, _size(r["out_bytes"]))
+        t.add_row(Text(label), out, _size(r["out_bytes"]))
     return t
 
 

@@ -174,5 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args)
         return cmd_report(args)
     except (FileNotFoundError, ValueError, ImportError) as exc:
-        Console(stderr=True).print(f"[red]pipeprof: {exc}[/red]")
+        # the message as it is: no markup read from it, no line breaks added inside a path
+        Console(stderr=True, soft_wrap=True).print(
+            f"pipeprof: {exc}", style="red", markup=False, highlight=False
+        )
         return 2

@@ -64,3 +64,7 @@ def test_report_formats(demo, prefix, tmp_path):
 def test_bad_file_gives_a_clear_error_and_exit_2(tmp_path):
     res = run(str(BIN), "report", str(tmp_path / "nope.json"))
     assert res.returncode == 2 and "no such pipeprof file" in res.stderr
+    # the path comes back whole: no markup read from it, no line break put into it
+    odd = tmp_path / ("[bold]run " + "x" * 90) / "[1].json"
+    res = run(str(BIN), "report", str(odd))
+    assert res.returncode == 2 and str(odd) in res.stderr

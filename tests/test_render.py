@@ -221,3 +221,37 @@ def test_cli_text_is_plain_and_80_columns_when_piped(columns):
     assert res.returncode == 0, res.stderr
     assert "\x1b[" not in res.stdout and "load/read limits it" in res.stdout
     assert max(len(line) for line in res.stdout.splitlines()) <= 80
+
+
+
+class _OddStageDataset:
+    """A map-style dataset whose user stage name looks like rich markup."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        with pipeprof.stage("[red]crop"):
+            return i
+
+
+def test_user_names_that_look_like_markup_are_shown_as_written():
+    """Region, stage and transform names are the user's: rich must not read ``[bold]`` as style."""
+    from torch.utils.data import DataLoader
+
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(DataLoader(_OddStageDataset(), batch_size=2)):
+            with prof.region("[bold]fetch"):
+                pass
+    report = prof.report()
+    assert "load/[red]crop" in report["stages"]
+    text = report.render("text")
+    assert "[bold]fetch" in text and "[red]crop" in text
+    compared = report.compare(report).render("text")
+    assert "[bold]fetch" in compared and "  [red]crop" in compared
+
+    named = lambda x: x  # noqa: E731
+    named.__name__ = "[i]odd"
+    bench = pipeprof.bench(list(range(8)), [named], repeat=1, workers=[]).render("text")
+    assert bench.count("  [i]odd") == 2  # both tables

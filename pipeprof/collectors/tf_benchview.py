@@ -123,6 +123,7 @@ class TFBench:
 
     def _table(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(title=f"tf.data prefix benchmark ({self.samples} elements × {self.repeat})",
                   title_justify="left")  # fmt: skip
@@ -130,7 +131,7 @@ class TFBench:
         for col in ("+ms/sample", "p95 ms", "share", "samples/s"):
             t.add_column(col, justify="right", no_wrap=True)
         for r in self.to_dict()["stages"]:
-            t.add_row(r["stage"], f"{r['marginal_ms_per_sample']:.3g}",
+            t.add_row(Text(r["stage"]), f"{r['marginal_ms_per_sample']:.3g}",
                       f"{r['p95_ms_per_sample'] or 0:.3g}", f"{r['share'] or 0:.0%}",
                       f"{r['samples_per_s'] or 0:.0f}")  # fmt: skip
         return t

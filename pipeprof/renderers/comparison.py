@@ -91,7 +91,7 @@ def _delta_table(title: str, rows: list[tuple[str, dict[str, Any], str]], labels
     t.add_column("change", justify="right")
     for label, d, kind in rows:
         t.add_row(
-            label,
+            Text(label),
             _fmt(d.get("before"), kind),
             _fmt(d.get("after"), kind),
             Text(change(d, kind), style=STYLE[d.get("improved")]),

@@ -159,7 +159,7 @@ def region_table(loop: dict[str, Any]) -> RenderableType | None:
         t.add_column(col, justify="right")
     for name, r in regions.items():
         t.add_row(
-            name,
+            Text(name),  # a user's name: never read as markup
             str(r.get("count", 0)),
             num(r.get("total_s")),
             num(r.get("mean_ms")),
