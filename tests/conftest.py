@@ -29,5 +29,13 @@ def nothing_leaks():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that build whole environments run last, so their load never overlaps a timing test."""
+    """Tests that build whole environments run last, so their load never overlaps a timing test.
+
+    A ``timing`` test compares a measured duration with the truth its own code logged. On a shared
+    virtual machine a burst of stolen CPU can push one run past its bound, so such a test gets two
+    more tries; a wrong measurement fails all three.
+    """
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+    for item in items:
+        if item.get_closest_marker("timing") is not None:
+            item.add_marker(pytest.mark.flaky(reruns=2, reruns_delay=2))

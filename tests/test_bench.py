@@ -73,6 +73,7 @@ def tensors(n=16):
     return [torch.full((3,), float(i)) for i in range(n)]
 
 
+@pytest.mark.timing
 def test_known_costs_give_the_right_table():
     b = pipeprof.bench(tensors(), [Spin(3.0), Sleep(4.0), Inflate(64)], repeat=2, probe=False)
     d = b.to_dict()
@@ -96,6 +97,7 @@ def test_known_costs_give_the_right_table():
     assert "<pre" in b._repr_html_() and json.loads(b.render("json"))["schema"]
 
 
+@pytest.mark.timing
 def test_dataset_transforms_and_load_are_split():
     ds = CostDataset(16, load_ms=2.0, transform=transforms.Compose([Scale(2.0)]))
     ds.target_transform = None
@@ -192,6 +194,7 @@ def bench_within(steps, workers, tries=2):
     raise AssertionError(f"predictions off by more than {TOLERANCE:.0%}: {b.scaling}")
 
 
+@pytest.mark.timing
 def test_predictions_match_real_runs_on_known_costs():
     """Waiting-bound scales past the cores; CPU-bound within them. The model's figure for each
     run takes in the CPU other programs used meanwhile (a shared test machine)."""

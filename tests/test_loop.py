@@ -34,6 +34,7 @@ def run_loop(loader, compute_ms: float, **kwargs):
     return prof.report(), true_wait / wall, batch
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", ["input", "compute"])
 def test_wait_fraction_matches_truth_and_verdict(workers, case):
@@ -52,6 +53,7 @@ def test_wait_fraction_matches_truth_and_verdict(workers, case):
     assert loop["wall_s"] == pytest.approx(parts)
 
 
+@pytest.mark.timing
 def test_regions_transfer_and_overhead_are_attributed():
     loader = DataLoader(CostDataset(24), batch_size=4)
     prof = pipeprof.Profiler(device="cpu", sample_hz=0)
@@ -150,6 +152,7 @@ def test_host_sampler_runs_alongside_and_stops():
     assert gpu is not None and gpu["available"] is False and gpu["note"]
 
 
+@pytest.mark.timing
 def test_fake_nvml_lines_up_gpu_utilisation_with_steps():
     from fake_nvml import FakeGpu, FakeNvml
 
@@ -163,6 +166,7 @@ def test_fake_nvml_lines_up_gpu_utilisation_with_steps():
     assert gpu["idle_while_waiting_fraction"] == pytest.approx(expected_idle, rel=0.05)
 
 
+@pytest.mark.timing
 def test_replay_baseline_measures_compute_only_throughput():
     loader = DataLoader(CostDataset(32, load_ms=4.0), batch_size=4)
     prof = pipeprof.Profiler(sample_hz=0, replay=4)

@@ -251,7 +251,7 @@ def test_user_names_that_look_like_markup_are_shown_as_written():
     compared = report.compare(report).render("text")
     assert "[bold]fetch" in compared and "  [red]crop" in compared
 
-    named = lambda x: x  # noqa: E731
+    named = lambda x: x
     named.__name__ = "[i]odd"
     bench = pipeprof.bench(list(range(8)), [named], repeat=1, workers=[]).render("text")
     assert bench.count("  [i]odd") == 2  # both tables

@@ -50,6 +50,7 @@ CASES = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("case", list(CASES))
 def test_stage_means_match_ground_truth_and_slow_stage_is_named(case):
     (dec_ms, _), (aug_ms, calls), slow = CASES[case]
@@ -303,6 +304,7 @@ def test_profiling_a_non_tf_object_never_imports_tensorflow():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.timing
 def test_bench_times_each_op_of_a_tf_pipeline_prefix_by_prefix():
     TRUTH.clear()
     ds = (tf.data.Dataset.range(200)

@@ -46,6 +46,7 @@ def same(a, b) -> bool:
     return a == b
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("workers,ctx", [(0, None), (2, "fork"), (2, "spawn")])
 def test_stage_means_match_ground_truth(tmp_path, workers, ctx):
     """Injected costs, each logging its own true duration: per-call means within 5 %."""
@@ -78,6 +79,7 @@ def test_stage_means_match_ground_truth(tmp_path, workers, ctx):
     assert sum(w["batches"] for w in report["workers"]) == 6
 
 
+@pytest.mark.timing
 def test_getitems_and_iterable_ground_truth(tmp_path):
     logs = str(tmp_path)
     loader = DataLoader(ItemsDataset(24, load_ms=6.0, log_dir=logs), batch_size=6, num_workers=2)
@@ -222,6 +224,7 @@ def test_pin_memory_is_timed_in_the_pin_thread():
     assert pipeprof.profile(loader)["stages"]["transfer/pin"]["count"] == 4  # pragma: no cover
 
 
+@pytest.mark.timing
 def test_user_stages_inside_workers(tmp_path):
     loader = DataLoader(StagedDataset(12), batch_size=4, num_workers=2)
     stages = pipeprof.profile(loader)["stages"]

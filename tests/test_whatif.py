@@ -114,6 +114,7 @@ def test_predict_is_a_float_with_details():
         solve(m, -1)
 
 
+@pytest.mark.timing
 def test_report_what_if_uses_the_model():
     ds = CostDataset(32, load_ms=1.0, transform=transforms.Compose([Scale(2.0)]))
     report = pipeprof.profile(DataLoader(ds, batch_size=4, num_workers=2))
