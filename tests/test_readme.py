@@ -33,8 +33,14 @@ def run_in_group(cmd: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
     timing tests that follow it run.
     """
     proc = subprocess.Popen(
-        cmd, shell=True, cwd=cwd, env=env, text=True, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cmd,
+        shell=True,
+        cwd=cwd,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         out, _ = proc.communicate(timeout=1800)

@@ -223,7 +223,6 @@ def test_cli_text_is_plain_and_80_columns_when_piped(columns):
     assert max(len(line) for line in res.stdout.splitlines()) <= 80
 
 
-
 class _OddStageDataset:
     """A map-style dataset whose user stage name looks like rich markup."""
 

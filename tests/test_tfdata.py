@@ -307,10 +307,12 @@ def test_profiling_a_non_tf_object_never_imports_tensorflow():
 @pytest.mark.timing
 def test_bench_times_each_op_of_a_tf_pipeline_prefix_by_prefix():
     TRUTH.clear()
-    ds = (tf.data.Dataset.range(200)
-          .map(costly("slow_decode", 6.0))
-          .map(costly("quick_flip", 1.0))
-          .batch(4))
+    ds = (
+        tf.data.Dataset.range(200)
+        .map(costly("slow_decode", 6.0))
+        .map(costly("quick_flip", 1.0))
+        .batch(4)
+    )
     b = pipeprof.bench(ds, samples=12, repeat=2, warmup=2)
     rows = {r["stage"]: r for r in b["stages"]}
     assert b["slowest"] == "transform/slow_decode"
