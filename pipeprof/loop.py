@@ -48,6 +48,28 @@ def region_class(key: str) -> str:
     return "overhead"
 
 
+class Wrapped:
+    """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) over the data."""
+
+    def __init__(self, profiler: Profiler, data: Any, source: Iterable[Any]) -> None:
+        self._profiler = profiler
+        self._data = data
+        self._source = source
+        self._moves = getattr(source, "h2d", None) is not None
+        self._it: Iterator[Any] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._profiler._steps(self._source, self._moves)
+
+    def __next__(self) -> Any:  # ``next(prof.wrap(it))`` on an iterator, as before
+        if self._it is None:
+            self._it = iter(self)
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return len(self._data)  # the data's own TypeError when it has no length
+
+
 class Profiler:
     """Profiles a training loop: wrap its data, mark regions, get a Report.
 
@@ -77,8 +99,16 @@ class Profiler:
         nvml: Any = None,
         event_factory: Callable[[], Any] | None = None,
     ) -> None:
-        if sample_hz < 0:
-            raise ValueError(f"sample_hz must be >= 0, got {sample_hz}")
+        if isinstance(sample_hz, bool) or not isinstance(sample_hz, (int, float)) or sample_hz < 0:
+            raise ValueError(
+                f"sample_hz must be a number >= 0 (samples per second; 0 turns the GPU and host "
+                f"samplers off), got {sample_hz!r}"
+            )
+        if isinstance(replay, bool) or not isinstance(replay, int) or replay < 0:
+            raise ValueError(
+                f"replay must be a whole number of batches >= 0 to keep for Profiler.replay(), "
+                f"got {replay!r}"
+            )
         self.device = device
         self.sample_hz = sample_hz
         self.gpus = gpus
@@ -175,13 +205,23 @@ class Profiler:
 
     # ---- the data ---------------------------------------------------------------------------
 
-    def wrap(self, data: Iterable[Any], device: Any = None) -> Iterator[Any]:
-        """Iterate ``data`` (a DataLoader, a tf.data.Dataset or any iterable) and time each step."""
-        if not self._running:
-            self.start()
+    def wrap(self, data: Iterable[Any], device: Any = None) -> Wrapped:
+        """Iterate ``data`` (a DataLoader, a tf.data.Dataset or any iterable) and time each step.
+
+        Like a DataLoader, the result can be iterated again (each pass is an epoch) and has the
+        ``len()`` of ``data``.
+        """
         device = device if device is not None else self.device
-        source = self._source(data, device)
-        return self._steps(source, moves=getattr(source, "h2d", None) is not None)
+        started = not self._running
+        if started:
+            self.start()
+        try:
+            source = self._source(data, device)
+        except BaseException:
+            if started:  # bad input: no sampler left running for a loop that never starts
+                self.stop()
+            raise
+        return Wrapped(self, data, source)
 
     def _source(self, data: Any, device: Any) -> Iterable[Any]:
         torch = sys.modules.get("torch")

@@ -140,6 +140,14 @@ def test_generic_iterables_and_batch_sizes():
     assert batch_size([1, 2, 3]) == 3
     with pytest.raises(TypeError, match="iterable of batches"):
         pipeprof.Profiler(sample_hz=0).wrap(42)
+    with pytest.raises(ValueError, match="sample_hz must be a number"):
+        pipeprof.Profiler(sample_hz="10")
+    with pytest.raises(ValueError, match="replay must be a whole number"):
+        pipeprof.Profiler(replay=-1)
+    prof = pipeprof.Profiler(sample_hz=50)
+    with pytest.raises(TypeError):
+        prof.wrap(42)
+    assert not prof._running  # a wrap that failed leaves no sampler running
 
 
 def test_host_sampler_runs_alongside_and_stops():

@@ -330,3 +330,104 @@ def test_sequential_and_list_transforms():
     dup = transforms.Compose([Scale(0.0), Scale(0.0)])
     stages = pipeprof.profile(DataLoader(CostDataset(8, transform=dup), batch_size=4))["stages"]
     assert stages["transform/Scale"]["count"] == 8 and stages["transform/Scale#2"]["count"] == 8
+
+
+class EpochDataset(torch.utils.data.Dataset):
+    """Per-epoch state set from outside (``set_epoch``) and a transform that is a bound method."""
+
+    def __init__(self):
+        self.epoch = 0
+        self.scale = 1
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def transform(self, x):
+        return x * self.scale
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.transform(torch.tensor(i + 100 * self.epoch))
+
+
+def scale_by_ten(worker_id):
+    torch.utils.data.get_worker_info().dataset.scale = 10
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_set_between_epochs_and_by_workers_reaches_the_batches(workers):
+    """``set_epoch`` before each pass, a ``worker_init_fn`` setting state that a transform method
+    reads: the profiled loop gets what the plain one gets, pass after pass of one ``wrap``."""
+
+    def run(wrap):
+        ds = EpochDataset()
+        loader = DataLoader(
+            ds, batch_size=2, num_workers=workers, worker_init_fn=scale_by_ten if workers else None
+        )
+        data, out = wrap(loader), []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            out += [b.tolist() for b in data]
+        return out, len(data)
+
+    plain = run(lambda loader: loader)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        profiled = run(prof.wrap)
+    assert profiled == plain
+    assert plain[0][-1] == ([202, 203] if not workers else [2020, 2030])  # the state took effect
+    loop = prof.report()["loop"]
+    assert loop["epochs"] == 3 and loop["steps"] == 6
+    with pytest.raises(TypeError):
+        len(prof.wrap(iter([1, 2])))  # no len() where the data has none, as unprofiled
+
+
+def flip_pair(img, target):
+    return img.flip(-1), target + 1
+
+
+class PairDataset(torch.utils.data.Dataset):
+    """torchvision.transforms.v2.Compose called with two inputs, one step a plain function."""
+
+    def __init__(self):
+        from torchvision.transforms import v2
+
+        self.transforms = v2.Compose([v2.ToDtype(torch.float32), flip_pair])
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.transforms(torch.arange(6).reshape(1, 2, 3) + i, i)
+
+
+def test_v2_compose_with_several_inputs():
+    loader = DataLoader(PairDataset(), batch_size=2)
+    plain = list(loader)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        got = list(prof.wrap(loader))
+    assert all(same(a, b) for a, b in zip(got, plain, strict=True))
+    stages = prof.report()["stages"]
+    assert stages["transform/ToDtype"]["count"] == 4 and stages["transform/flip_pair"]["count"] == 4
+
+
+class ColumnsDataset(torch.utils.data.Dataset):
+    """``__getitems__`` that returns the batch as a dict of columns."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {"x": torch.tensor([i])}
+
+    def __getitems__(self, indices):
+        return {"x": torch.tensor(indices), "y": torch.tensor(indices) * 2}
+
+
+def test_samples_counted_in_a_dict_batch_from_getitems():
+    loader = DataLoader(ColumnsDataset(), batch_size=8, collate_fn=lambda batch: batch)
+    report = pipeprof.profile(loader)
+    assert report["samples"] == 16 and report["batches"] == 2

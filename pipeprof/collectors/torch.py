@@ -155,6 +155,10 @@ class Collate:
 
 
 def _count(samples: Any) -> int:
+    """Samples in what the fetcher gave collate: a list of samples, or one batch as a dict."""
+    if isinstance(samples, dict):  # ``__getitems__`` may return a batch of columns
+        first = next(iter(samples.values()), None)
+        return _count(first) if first is not None else 1
     try:
         return len(samples)
     except TypeError:
@@ -253,7 +257,9 @@ class ProfiledLoader:
     """
 
     def __init__(self, loader: DataLoader, session: Session, device: Any = None) -> None:
+        self.user_loader = loader
         self.loader, notes = build_loader(loader)
+        self.passes = 0
         self.session = session
         session.notes.extend(notes)
         self.device = check_device(device)
@@ -270,6 +276,11 @@ class ProfiledLoader:
         return max(1, self.loader.num_workers)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.passes and not (self.loader.persistent_workers and self.loader.num_workers):
+            # A new pass reads the dataset as it is now (``set_epoch`` and the like), as the plain
+            # loader's fresh workers would; persistent workers keep theirs, as they do unprofiled.
+            self.loader = build_loader(self.user_loader)[0]
+        self.passes += 1
         rec = recorder()
         was, rec.enabled = rec.enabled, True
         try:

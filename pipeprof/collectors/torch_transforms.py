@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,8 +58,8 @@ class Timed:
 class TimedChain:
     """A Compose / nn.Sequential run step by step, each step its own stage.
 
-    ``multi`` follows torchvision.transforms.v2.Compose: several positional inputs travel through
-    the chain as one tuple. The v1 Compose and nn.Sequential take exactly one input; any other
+    ``multi`` follows torchvision.transforms.v2.Compose: with several positional inputs each step
+    is called with the previous step's outputs unpacked. The v1 Compose and nn.Sequential take exactly one input; any other
     call goes to the original object so its own error comes out.
     """
 
@@ -70,10 +71,15 @@ class TimedChain:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or (len(args) != 1 and not (self.multi and args)):
             return self.orig(*args, **kwargs)
-        x = args if len(args) > 1 else args[0]
+        if len(args) == 1:
+            x = args[0]
+            for path, fn in self.steps:
+                x = timed_call(path, fn, x)
+            return x
+        inputs: Any = args  # v2: each step takes the previous step's outputs unpacked
         for path, fn in self.steps:
-            x = timed_call(path, fn, x)
-        return x
+            inputs = timed_call(path, fn, *inputs)
+        return inputs
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "orig" not in self.__dict__:
@@ -189,36 +195,50 @@ def instrument_dataset(dataset: Any, depth: int = 0) -> tuple[Any, list[str]]:
     notes: list[str] = []
     if depth > 3:
         return dataset, notes
+    try:
+        twin = copy.copy(dataset)
+    except Exception as exc:  # a dataset that can't be copied is timed as a whole
+        twin, failed = None, exc
+    src = dataset if twin is None else twin
     changes: dict[str, Any] = {}
     for attr in TRANSFORM_ATTRS:
-        fn = getattr(dataset, attr, None)
+        fn = _bound_to(getattr(src, attr, None), dataset, src)
         if fn is not None and (callable(fn) or isinstance(fn, (list, tuple))):
             changes[attr] = wrap_transform(
                 fn, "transform" if attr == "transform" else "transform/target_transform"
             )
-    joint = getattr(dataset, "transforms", None)
+    joint = _bound_to(getattr(src, "transforms", None), dataset, src)
     if joint is not None and callable(joint):
         changes["transforms"] = _wrap_joint(joint, changes)
-    loader = getattr(dataset, "loader", None)
-    if callable(loader) and isinstance(getattr(dataset, "samples", None), list):
+    loader = _bound_to(getattr(src, "loader", None), dataset, src)
+    if callable(loader) and isinstance(getattr(src, "samples", None), list):
         changes["loader"] = _wrap_loader(loader)
-    inner = getattr(dataset, "dataset", None)
+    inner = getattr(src, "dataset", None)
     if inner is not None and hasattr(inner, "__getitem__"):
         changes["dataset"], more = instrument_dataset(inner, depth + 1)
         notes += more
-    inners = getattr(dataset, "datasets", None)
+    inners = getattr(src, "datasets", None)
     if isinstance(inners, list) and all(hasattr(d, "__getitem__") for d in inners):
         changes["datasets"] = [instrument_dataset(d, depth + 1)[0] for d in inners]
     if not changes:
         return dataset, notes
     try:
-        twin = copy.copy(dataset)
+        if twin is None:
+            raise failed
         for attr, value in changes.items():
             setattr(twin, attr, value)
-    except Exception as exc:  # a dataset that can't be copied is timed as a whole
+    except Exception as exc:
         notes.append(f"{type(dataset).__name__}: transforms not split ({exc})")
         return dataset, notes
     return twin, notes
+
+
+def _bound_to(fn: Any, dataset: Any, twin: Any) -> Any:
+    """``fn``, but a method of ``dataset`` (``def transform(self, x)``) bound to its copy instead,
+    so it sees the state the loader's workers set on the copy."""
+    if isinstance(fn, types.MethodType) and fn.__self__ is dataset and twin is not dataset:
+        return types.MethodType(fn.__func__, twin)
+    return fn
 
 
 def _wrap_joint(joint: Any, changes: dict[str, Any]) -> Any:
