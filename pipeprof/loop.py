@@ -49,7 +49,7 @@ def region_class(key: str) -> str:
 
 
 class Wrapped:
-    """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) over the data."""
+    """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) of the data."""
 
     def __init__(self, profiler: Profiler, data: Any, source: Iterable[Any]) -> None:
         self._profiler = profiler

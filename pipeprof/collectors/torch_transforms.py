@@ -59,8 +59,8 @@ class TimedChain:
     """A Compose / nn.Sequential run step by step, each step its own stage.
 
     ``multi`` follows torchvision.transforms.v2.Compose: with several positional inputs each step
-    is called with the previous step's outputs unpacked. The v1 Compose and nn.Sequential take exactly one input; any other
-    call goes to the original object so its own error comes out.
+    is called with the previous step's outputs unpacked. The v1 Compose and nn.Sequential take
+    exactly one input; any other call goes to the original object so its own error comes out.
     """
 
     def __init__(self, orig: Any, steps: Sequence[tuple[str, Callable[..., Any]]], multi: bool):
