@@ -35,6 +35,7 @@ class WorkerRecord:
     busy_ns: int = 0
     batches: int = 0
     samples: int = 0
+    cpu_ns: int = 0  # the process's CPU time for its batches (0: not measured)
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -42,6 +43,7 @@ class WorkerRecord:
             "busy_ns": self.busy_ns,
             "batches": self.batches,
             "samples": self.samples,
+            "cpu_ns": self.cpu_ns,
         }
 
 

@@ -1,8 +1,8 @@
 """The Report's ``what_if`` list: the worker-pool model of whatif.py, built from a profile.
 
 A profile has each stage's wall time inside the workers but no CPU time per stage: the workers'
-CPU share comes from the host sampler when it ran, else every stage counts as CPU-bound (the
-cautious side, said in each entry's ``basis``).
+CPU share comes from their own CPU clocks (read once per batch), else from the host sampler when it
+ran, else every stage counts as CPU-bound (the cautious side, said in each entry's ``basis``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pipeprof.whatif import (
 def from_report(report: dict[str, Any], cores: int) -> Model | None:
     """A Model from a profile's stage totals (wall time in the workers, per sample).
 
-    A profile has no CPU time per stage: the workers' CPU share comes from the host sampler's
-    per-process figures when it ran, else every stage is taken as CPU-bound (the cautious side).
+    A profile has no CPU time per stage: every stage gets the workers' CPU share of their busy
+    time (see the module's docstring).
     """
     samples, batches = report.get("samples") or 0, report.get("batches") or 0
     if not samples or not batches:
@@ -46,7 +46,11 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
 
 
 def _worker_cpu_share(report: dict[str, Any]) -> float | None:
-    """CPU time / busy time of the workers, from the host sampler's per-process CPU."""
+    """CPU time / busy time of the workers: their own CPU clocks, else the host sampler's."""
+    workers = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
+    if workers:
+        cpu: float = sum(w["cpu_s"] for w in workers)
+        return min(1.0, cpu / sum(w["busy_s"] for w in workers))
     procs = {p.get("pid"): p for p in ((report.get("host") or {}).get("per_process") or [])}
     shares = []
     for w in report.get("workers") or []:
@@ -65,7 +69,7 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
     if model is None:
         return []
     basis = "model from this profile's stage times" + (
-        ", workers' CPU share from the host sampler"
+        ", workers' CPU share measured"
         if _worker_cpu_share(report) is not None
         else ", stages taken as CPU-bound (pipeprof.bench measures their CPU time)"
     )

@@ -1,6 +1,7 @@
 """The what-if model (pipeprof.whatif): exact figures on hand-made costs, and the Report's list."""
 
 import math
+import os
 
 import pytest
 from pipelines import CostDataset, Scale
@@ -128,3 +129,31 @@ def test_report_what_if_uses_the_model():
     fast = next(r for r in rows if r["kind"] == "faster")
     assert fast["stage"] == "transform/Scale" and fast["samples_per_s"] > one["samples_per_s"]
     assert all("basis" in r for r in rows)
+
+
+@pytest.mark.timing
+def test_profile_reads_worker_cpu_so_waiting_stages_scale_past_the_cores():
+    """Stages that sleep: the workers' own CPU clocks show them waiting, so the report's what-if
+    lets more workers than cores help; spinning stages are CPU-bound and capped by the cores."""
+
+    def profile(sleep: bool, workers: int):
+        ds = CostDataset(48, transform=transforms.Compose([Scale(4.0, sleep=sleep)]))
+        return pipeprof.profile(DataLoader(ds, batch_size=4, num_workers=workers))
+
+    # one spinning worker: a second would share the 2 cores with it and with the test itself
+    waiting, busy = profile(sleep=True, workers=2), profile(sleep=False, workers=1)
+    for report, low, high in (
+        (waiting, 0.0, 0.3),
+        (busy, 0.6, 1.5),
+    ):  # CPU also pickles the batch: over 1 is fine
+        workers = report["workers"]
+        share = sum(w["cpu_s"] for w in workers) / sum(w["busy_s"] for w in workers)
+        assert low <= share <= high, share
+        assert "CPU share measured" in report["what_if"][0]["basis"]
+
+    def at(report, k):
+        return next(r["samples_per_s"] for r in report["what_if"] if r.get("workers") == k)
+
+    cores = os.cpu_count() or 1
+    assert at(waiting, 8) > 2.5 * at(waiting, 2)
+    assert at(busy, 8) <= 1.2 * at(busy, cores)

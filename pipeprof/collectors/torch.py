@@ -18,6 +18,7 @@ import inspect
 import multiprocessing
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -150,6 +151,10 @@ class Collate:
         batch = timed_call("collate", self.fn, samples)
         payload = rec.drain()
         payload["end_ns"] = clock()
+        if _CPU_MARK[0]:  # in a worker: all its CPU time is the pipeline's (idle costs none)
+            cpu = time.process_time_ns()
+            payload["cpu_ns"] = cpu - _CPU_MARK[0]
+            _CPU_MARK[0] = cpu
         payload["samples"] = 1 if self.per_sample else _count(samples)
         return Carrier(batch, payload)
 
@@ -165,6 +170,10 @@ def _count(samples: Any) -> int:
         return 1
 
 
+# This worker process's CPU time when it finished its previous batch (0 outside workers).
+_CPU_MARK = [0]
+
+
 class WorkerInit:
     """Readies a worker's recorder, then runs the user's ``worker_init_fn``."""
 
@@ -177,6 +186,7 @@ class WorkerInit:
         rec.enabled = True
         if self.fn is not None:
             self.fn(worker_id)
+        _CPU_MARK[0] = time.process_time_ns()
 
 
 _LOADER_ARGS = (
@@ -324,6 +334,7 @@ class ProfiledLoader:
         w = s.worker(track, payload["pid"])
         busy = payload["end_ns"] - (payload["first_ns"] or payload["end_ns"])
         w.busy_ns += busy
+        w.cpu_ns += payload.get("cpu_ns", 0)
         w.batches += 1
         w.samples += payload["samples"]
         if carrier.pin_ns:

@@ -279,7 +279,9 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
     if not rows:
         return None
     parts = ", ".join(f"{w['workers']} → {num(w.get('samples_per_s'))}" for w in rows)
-    return Text(f"what if (workers → samples/s, estimated): {parts}", style="dim")
+    measured = "CPU share" in (rows[0].get("basis") or "")
+    basis = "estimated" if measured else "estimated as if every stage were CPU-bound"
+    return Text(f"what if (workers → samples/s, {basis}): {parts}", style="dim")
 
 
 def footer(data: dict[str, Any]) -> RenderableType:
