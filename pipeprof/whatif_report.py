@@ -49,8 +49,8 @@ def _worker_cpu_share(report: dict[str, Any]) -> float | None:
     """CPU time / busy time of the workers: their own CPU clocks, else the host sampler's."""
     workers = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
     if workers:
-        cpu: float = sum(w["cpu_s"] for w in workers)
-        return min(1.0, cpu / sum(w["busy_s"] for w in workers))
+        share = float(sum(w["cpu_s"] for w in workers) / sum(w["busy_s"] for w in workers))
+        return min(1.0, share)
     procs = {p.get("pid"): p for p in ((report.get("host") or {}).get("per_process") or [])}
     shares = []
     for w in report.get("workers") or []:
