@@ -412,12 +412,29 @@ def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any
 def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[dict[str, Any]]]:
     """Verdict, findings (most severe first) and what-if estimates for a report."""
     facts = pipeline_facts(report)
-    verdict = loop_verdict(report, facts) if report.get("loop") else loader_verdict(report, facts)
+    loop = report.get("loop")
+    if not (loop.get("steps") if loop else report.get("batches")):
+        verdict = empty_verdict(report)
+    else:
+        verdict = loop_verdict(report, facts) if loop else loader_verdict(report, facts)
     report["verdict"] = verdict  # rules read it
     found = [f for rule in RULES if (f := rule(report, facts)) is not None]
     order = {"critical": 0, "warning": 1, "info": 2}
     found.sort(key=lambda f: order.get(f["severity"], 3))
     return verdict, found, what_if(report, facts)
+
+
+def empty_verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """Nothing to judge: no batch reached the loop (a crash, Ctrl-C or an empty loader)."""
+    what = "no step" if report.get("loop") else "no batch"
+    why = " before the profile was interrupted" if report.get("interrupted") else ""
+    return {
+        "kind": "balanced",
+        "severity": "info",
+        "stage": None,
+        "headline": f"nothing to attribute: {what} was measured{why}",
+        "note": "run at least a few batches; any stage times shown are from what did run",
+    }
 
 
 def loader_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:

@@ -177,6 +177,12 @@ def test_gpu_not_sampled_and_interrupted_and_empty_reports_render():
     report = pipeprof.Report(empty)
     for fmt in FORMATS:
         assert report.render(fmt)
+    assert report["verdict"]["headline"] == "nothing to attribute: no batch was measured"
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:  # a loop that ends before its first batch: no claim about compute
+        for _ in prof.wrap([]):
+            pass
+    assert "nothing to attribute: no step" in prof.report().render("text")
 
 
 def test_formats_and_extensions():
