@@ -76,7 +76,7 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         row["per_batch_ms"] = round(row["total_s"] * 1e3 / max(session.batches, 1), 6)
         row["share"] = round(row["total_s"] / top_total, 6) if "/" not in path else None
         row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
-    return dict(sorted(table.items(), key=lambda kv: _order(kv[0])))
+    return dict(sorted(table.items(), key=lambda kv: stage_order(kv[0])))
 
 
 def parent_of(path: str) -> str | None:
@@ -86,7 +86,9 @@ def parent_of(path: str) -> str | None:
 _TOP = {"load": 0, "transform": 1, "collate": 2, "transfer": 3}
 
 
-def _order(path: str) -> tuple[Any, ...]:
+def stage_order(path: str) -> tuple[Any, ...]:
+    """Sort key of a stage path: load, transform, collate, transfer, then a parent before its
+    children."""
     parts = path.split("/")
     return (_TOP.get(parts[0], 9), *parts)
 

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeprof.analysis import stage_order
 from pipeprof.renderers.figures import gpu_devices, loop_view, num, pct, top_total
 
 if TYPE_CHECKING:
@@ -49,8 +50,25 @@ def _as_dict(source: Any) -> tuple[dict[str, Any], str | None]:
     if isinstance(source, (str, os.PathLike)):
         from pipeprof.report import Report
 
-        return Report.load(source).to_dict(), Path(source).name
+        try:
+            return Report.load(source).to_dict(), Path(source).name
+        except ValueError:  # a report written without its session (`--format json`) compares
+            data = _report_json(Path(source))  # as well: a comparison reads only the report
+            if data is None:
+                raise
+            return data, Path(source).name
     return source.to_dict(), None
+
+
+def _report_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and str(data.get("schema", "")).startswith("pipeprof/")
+    return data if ok and "stages" in data else None
 
 
 def _loop(b: dict[str, Any] | None, a: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -89,7 +107,7 @@ def _stages(b: dict[str, Any], a: dict[str, Any]) -> dict[str, dict[str, Any]]:
     sb, sa = b.get("stages") or {}, a.get("stages") or {}
     tb, ta = top_total(sb) or 1.0, top_total(sa) or 1.0
     out = {}
-    for path in list(dict.fromkeys([*sb, *sa])):
+    for path in sorted({*sb, *sa}, key=stage_order):  # a stage new in one sits under its parent
         rb, ra = sb.get(path) or {}, sa.get(path) or {}
         out[path] = {
             "per_sample_ms": delta(rb.get("per_sample_ms"), ra.get("per_sample_ms")),
@@ -169,7 +187,7 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
     moved = [
         (abs(d["per_sample_ms"]["change"] or 0), p, d["per_sample_ms"])
         for p, d in data["stages"].items()
-        if d["per_sample_ms"]["change"] is not None
+        if d["per_sample_ms"]["change"]  # None (a side is missing) or 0: nothing moved
     ]
     if moved:
         _, path, d = max(moved)

@@ -88,6 +88,22 @@ def test_report_compare_and_files(tmp_path):
     assert by_path.to_dict()["labels"] == {"before": "loader-session.json", "after": "b.json"}
     assert "<svg" in same._repr_html_() and "pipeprof compare" in str(same)
     assert same._repr_mimebundle_().keys() >= {"text/html", "text/plain"}
+    assert "biggest stage change" not in str(same)  # nothing moved
+    # a report written as plain JSON (no raw session) compares too
+    (tmp_path / "plain.json").write_text(a.render("json"))
+    assert compare(tmp_path / "plain.json", tmp_path / "b.json").to_dict()["stages"].keys() == (
+        d["stages"].keys()
+    )
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    with pytest.raises(ValueError, match="holds no pipeprof session"):
+        compare(tmp_path / "other.json", tmp_path / "b.json")
+
+
+def test_stages_new_in_one_report_sit_under_their_parent(fix):
+    loader = pipeprof.load(GOLDEN / "loader-session.json")
+    order = list(compare(fix[0], loader).to_dict()["stages"])
+    assert order.index("load/read") < order.index("transform")  # not after collate
+    assert order.index("transform/RandomResizedCrop") < order.index("collate")
 
 
 def test_loader_against_loop_compares_stages_only(fix):
