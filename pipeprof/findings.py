@@ -25,9 +25,22 @@ SLOW_STARTUP = 0.25  # start-up above this share of wall time
 
 
 def leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Stages with no children: where time is actually spent."""
-    parents = {p.rsplit("/", 1)[0] for p in stages if "/" in p}
-    return {p: row for p, row in stages.items() if p not in parents}
+    """Where time is actually spent: stages with no children, and a timed parent's own time
+    outside its children (``load`` when only part of it is marked ``pipeprof.stage("read")``)."""
+    kids: dict[str, float] = {}
+    for path, row in stages.items():
+        if "/" in path:
+            parent = path.rsplit("/", 1)[0]
+            kids[parent] = kids.get(parent, 0.0) + row["total_s"]
+    out = {}
+    for path, row in stages.items():
+        if path not in kids:
+            out[path] = row
+        elif not row.get("derived"):  # timed itself: its children ran inside it
+            rest = row["total_s"] - kids[path]
+            if rest > 0.01 * row["total_s"]:
+                out[path] = {**row, "total_s": rest}
+    return out
 
 
 def pipeline_facts(report: dict[str, Any]) -> dict[str, Any]:

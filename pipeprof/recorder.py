@@ -17,6 +17,7 @@ DESIGN.md defines it.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -26,6 +27,13 @@ clock = time.perf_counter_ns
 
 #: Raw spans per stage kept from one drain (a worker drains after every batch).
 SPAN_RING = 4096
+
+
+class _Stacks(threading.local):
+    """Open frames, one stack per thread: a dataset may time work in its own thread pool."""
+
+    def __init__(self) -> None:
+        self.stack: list[list[Any]] = []  # open frames: [path, detached ns, start ns, stack]
 
 
 class Recorder:
@@ -42,25 +50,33 @@ class Recorder:
         self.track = "main"
         self.pid = os.getpid()
         self.raw: dict[str, list[int]] = {}
-        self.stack: list[list[Any]] = []  # open frames: [path, detached child ns, start ns]
+        self._stacks = _Stacks()
+        self._main = self._stacks.stack  # the stack of the thread that runs the pipeline
+
+    @property
+    def stack(self) -> list[list[Any]]:
+        """This thread's open frames."""
+        return self._stacks.stack
 
     def reset(self, track: str) -> None:
         """Start afresh as ``track`` (a forked worker inherits its parent's recorder)."""
         self.track = track
         self.pid = os.getpid()
         self.raw = {}
-        self.stack = []
+        self._stacks = _Stacks()
+        self._main = self._stacks.stack
 
     def open(self, path: str) -> list[Any]:
-        frame = [path, 0, 0]
-        self.stack.append(frame)
+        stack = self._stacks.stack
+        frame = [path, 0, 0, stack]
+        stack.append(frame)
         frame[2] = clock()
         return frame
 
     def close(self, frame: list[Any], n: int = 1, detach: bool = False) -> int:
         """Close ``frame``; record its self time for ``n`` items; return its inclusive ns."""
         end = clock()
-        stack = self.stack
+        stack = frame[3]  # the stack of the thread that opened it
         while stack and stack.pop() is not frame:  # frames left open by an exception
             pass
         start: int = frame[2]
@@ -69,26 +85,28 @@ class Recorder:
             stack[-1][1] += dur
         raw = self.raw.get(frame[0])
         if raw is None:
-            raw = self.raw[frame[0]] = []
-        raw.append(start)
-        raw.append(dur - frame[1])
-        raw.append(n)
+            raw = self.raw.setdefault(frame[0], [])
+        raw += (start, dur - frame[1], n)  # one call: threads never interleave a record
         return dur
 
     def discard(self, frame: list[Any]) -> None:
         """Drop an open frame without recording it."""
-        while self.stack and self.stack.pop() is not frame:
+        stack = self._stacks.stack
+        while stack and stack.pop() is not frame:
             pass
 
     def add(self, path: str, ns: int, n: int = 1, start: int = 0) -> None:
         """Record ``ns`` nanoseconds spent in ``path`` for ``n`` items, starting at ``start``."""
         raw = self.raw.get(path)
         if raw is None:
-            raw = self.raw[path] = []
+            raw = self.raw.setdefault(path, [])
         raw += (start, ns, n)
 
     def child_path(self, name: str) -> str:
-        return f"{self.stack[-1][0]}/{name}" if self.stack else name
+        """``name`` under the innermost open stage of this thread; in a helper thread with none
+        open, under the pipeline thread's (a pool decoding for ``__getitems__``: ``load/decode``)."""
+        stack = self._stacks.stack or self._main
+        return f"{stack[-1][0]}/{name}" if stack else name
 
     @property
     def pending(self) -> bool:
@@ -150,8 +168,13 @@ class stage:
 
     def __enter__(self) -> None:
         rec = _recorder
-        if rec.enabled:
-            self.frame = rec.open(rec.child_path(self.name))
+        if rec.enabled:  # Recorder.open(Recorder.child_path(name)), inlined
+            stack = rec._stacks.stack
+            parent = stack or rec._main
+            path = f"{parent[-1][0]}/{self.name}" if parent else self.name
+            frame = self.frame = [path, 0, 0, stack]
+            stack.append(frame)
+            frame[2] = clock()
 
     def __exit__(self, *exc: object) -> None:
         if self.frame is not None:
@@ -165,8 +188,8 @@ def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     rec = _recorder
     if not rec.enabled:
         return fn(*args, **kwargs)
-    stack = rec.stack
-    frame: list[Any] = [path, 0, 0]
+    stack = rec._stacks.stack
+    frame: list[Any] = [path, 0, 0, stack]
     stack.append(frame)
     start = frame[2] = clock()
     try:
@@ -179,10 +202,8 @@ def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
             stack[-1][1] += dur
         raw = rec.raw.get(path)
         if raw is None:
-            raw = rec.raw[path] = []
-        raw.append(start)
-        raw.append(dur - frame[1])
-        raw.append(1)
+            raw = rec.raw.setdefault(path, [])
+        raw += (start, dur - frame[1], 1)
 
 
 def measure_overhead(batches: int = 8, paths: int = 8, per_path: int = 32) -> float:

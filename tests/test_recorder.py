@@ -76,3 +76,32 @@ def test_per_item_durations_for_batched_loads(fake):
     rec.close(frame, n=4)
     stat = rec.drain()["stats"]["load"]
     assert stat.count == 4 and stat.total_ns == 8_000 and stat.max_ns == 2_000
+
+
+def test_stages_in_helper_threads_nest_under_the_pipeline_stage():
+    """A dataset that decodes in a thread pool inside ``load``: every decode is one
+    ``load/decode`` record, none nested in another thread's frame, none lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rec = recorder()
+    rec.reset("main")
+    rec.enabled = True
+    try:
+
+        def decode(i):
+            with pipeprof.stage("decode"):
+                with pipeprof.stage("huffman"):
+                    sum(range(2000))
+            return i
+
+        with ThreadPoolExecutor(4) as pool:
+            frame = rec.open("load")
+            assert list(pool.map(decode, range(400))) == list(range(400))
+            rec.close(frame)
+        assert not rec.stack
+        stats = rec.drain()["stats"]
+    finally:
+        rec.enabled = False
+        rec.reset("main")
+    assert sorted(stats) == ["load", "load/decode", "load/decode/huffman"]
+    assert stats["load/decode"].count == 400 and stats["load/decode/huffman"].count == 400

@@ -431,3 +431,26 @@ def test_samples_counted_in_a_dict_batch_from_getitems():
     loader = DataLoader(ColumnsDataset(), batch_size=8, collate_fn=lambda batch: batch)
     report = pipeprof.profile(loader)
     assert report["samples"] == 16 and report["batches"] == 2
+
+
+class PartlyMarked(torch.utils.data.Dataset):
+    """``load`` is 0.5 ms marked as ``read`` and 6 ms left unmarked; the transform costs 1.5 ms."""
+
+    def __init__(self):
+        self.transform = Scale(1.5, sleep=True)
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        with pipeprof.stage("read"):
+            time.sleep(0.0005)
+        time.sleep(0.006)
+        return self.transform(torch.zeros(3))
+
+
+def test_a_partly_marked_stage_keeps_its_unmarked_time_in_the_verdict():
+    report = pipeprof.profile(DataLoader(PartlyMarked(), batch_size=4))
+    assert report["stages"]["load/read"]["count"] == 24
+    assert report["verdict"]["stage"] == "load"  # not transform/Scale, nor load/read
+    assert any(f["stage"] == "load" for f in report["findings"])
