@@ -104,7 +104,7 @@ class Recorder:
 
     def child_path(self, name: str) -> str:
         """``name`` under the innermost open stage of this thread; in a helper thread with none
-        open, under the pipeline thread's (a pool decoding for ``__getitems__``: ``load/decode``)."""
+        open, under the pipeline thread's (a pool decoding in ``__getitems__``: ``load/decode``)."""
         stack = self._stacks.stack or self._main
         return f"{stack[-1][0]}/{name}" if stack else name
 

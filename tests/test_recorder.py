@@ -89,9 +89,8 @@ def test_stages_in_helper_threads_nest_under_the_pipeline_stage():
     try:
 
         def decode(i):
-            with pipeprof.stage("decode"):
-                with pipeprof.stage("huffman"):
-                    sum(range(2000))
+            with pipeprof.stage("decode"), pipeprof.stage("huffman"):
+                sum(range(2000))
             return i
 
         with ThreadPoolExecutor(4) as pool:
