@@ -454,3 +454,34 @@ def test_a_partly_marked_stage_keeps_its_unmarked_time_in_the_verdict():
     assert report["stages"]["load/read"]["count"] == 24
     assert report["verdict"]["stage"] == "load"  # not transform/Scale, nor load/read
     assert any(f["stage"] == "load" for f in report["findings"])
+
+
+class DictLoader(DataLoader):
+    """A subclass whose own ``__iter__`` decides what the loop receives."""
+
+    def __iter__(self):
+        for x, i in super().__iter__():
+            yield {"x": x, "index": i, "n": len(x)}
+
+
+class NamedLoader(DataLoader):
+    """A subclass that only presets arguments: rebuilt, it yields the same."""
+
+    def __init__(self, dataset):
+        super().__init__(dataset, batch_size=4, num_workers=2)
+
+
+def test_dataloader_subclasses_yield_what_they_yield_unprofiled():
+    own = DictLoader(CostDataset(8), batch_size=4, num_workers=2)
+    plain = list(own)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        got = list(prof.wrap(own))
+    assert all(same(a, b) for a, b in zip(got, plain, strict=True))
+    report = prof.report()
+    assert report["samples"] == 8 and report["loop"]["steps"] == 2
+    assert any("DictLoader overrides __iter__" in n for n in report["notes"])
+
+    preset = NamedLoader(CostDataset(8, transform=Scale(0.1)))
+    assert all(same(a, b) for a, b in zip(batches_of(preset, True), list(preset), strict=True))
+    assert "transform/Scale" in pipeprof.profile(preset)["stages"]

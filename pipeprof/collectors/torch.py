@@ -268,7 +268,17 @@ class ProfiledLoader:
 
     def __init__(self, loader: DataLoader, session: Session, device: Any = None) -> None:
         self.user_loader = loader
-        self.loader, notes = build_loader(loader)
+        self.opaque = own_iteration(loader)
+        if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
+            self.loader, notes = (
+                loader,
+                [
+                    f"{type(loader).__name__} overrides {', '.join(self.opaque)}: it runs as it is, "
+                    "so pipeprof times the wait for each batch but no stage inside the loader"
+                ],
+            )
+        else:
+            self.loader, notes = build_loader(loader)
         self.passes = 0
         self.session = session
         session.notes.extend(notes)
@@ -286,7 +296,8 @@ class ProfiledLoader:
         return max(1, self.loader.num_workers)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.passes and not (self.loader.persistent_workers and self.loader.num_workers):
+        persistent = self.loader.persistent_workers and self.loader.num_workers
+        if self.passes and not (persistent or self.opaque):
             # A new pass reads the dataset as it is now (``set_epoch`` and the like), as the plain
             # loader's fresh workers would; persistent workers keep theirs, as they do unprofiled.
             self.loader = build_loader(self.user_loader)[0]
@@ -326,8 +337,10 @@ class ProfiledLoader:
 
     def _unpack(self, carrier: Any, t0: int, t1: int, t_iter: int | None, span: str) -> Any:
         s = self.session
-        if not isinstance(carrier, Carrier):  # pragma: no cover - a loader we did not build
-            return carrier
+        if not isinstance(carrier, Carrier):  # the user's own loader (see ``own_iteration``)
+            from pipeprof.loop import batch_size
+
+            return self._unpack_plain(carrier, batch_size(carrier), t0, t1, t_iter, span)
         payload = carrier.payload
         s.merge(payload)
         track = payload["track"]
@@ -348,6 +361,31 @@ class ProfiledLoader:
         s.batches += 1
         s.samples += payload["samples"]
         return carrier.batch
+
+    def _unpack_plain(
+        self, batch: Any, n: int, t0: int, t1: int, t_iter: int | None, span: str
+    ) -> Any:
+        s = self.session
+        if t_iter is not None:
+            s.first_batch_ns = t1 - t_iter
+        else:
+            s.wait.add(t1 - t0)
+        s.spans.append(("main", span, t0, t1 - t0))
+        s.batch_ring.append((s.batches, "main", t1, t1 - t0, n, 0))
+        s.batches += 1
+        s.samples += n
+        return batch
+
+
+def own_iteration(loader: DataLoader) -> list[str]:
+    """What a DataLoader subclass overrides that decides what it yields (``__iter__``...):
+    a plain DataLoader rebuilt from its arguments would yield something else."""
+    found: list[str] = []
+    for cls in type(loader).__mro__:
+        if cls is DataLoader:
+            break
+        found += [name for name in ("__iter__", "_get_iterator", "__len__") if name in vars(cls)]
+    return found
 
 
 class H2DTimer:
