@@ -118,7 +118,10 @@ def bench(
         if stolen > 0.05:
             b.notes.append(f"the hypervisor took {stolen:.2g} cores from this virtual machine "
                            "during the stand-alone timings: they may read high")  # fmt: skip
-    if counts and ran:
+    if not ran:
+        b.notes.append("no sample made it through the pipeline (see the stages' errors): no "
+                       "predictions, worker scaling not measured")  # fmt: skip
+    elif counts:
         collate: Callable[[Any], Any] = costs.get("collate") or collate_fn or list
         for k in counts:
             exp = whatif.throughput(b.model, k)
@@ -127,8 +130,6 @@ def bench(
             )
             b.scaling.append({**row, "predicted_samples_per_s": round(exp, 3)})
         b.explain()
-    elif counts:
-        b.notes.append("no sample made it through the pipeline: worker scaling not measured")
     return b
 
 
@@ -158,6 +159,9 @@ def _measure(
             f"{type(source).__name__}"
         )
     count = samples if isinstance(samples, int) else len(samples)
+    if indexable and len(source) == 0:
+        raise ValueError(f"the {type(source).__name__} has no samples: len() is 0, so there is "
+                         "nothing to time")  # fmt: skip
     if transforms is None and indexable:
         loaded = from_dataset(source, pick(len(source), samples, seed), repeat, warmup, seed)
         runner: Any = source
@@ -165,6 +169,9 @@ def _measure(
         steps, _ = steps_of(transforms) if transforms is not None else ([], False)
         idx = pick(len(source), samples, seed) if indexable else None
         loaded, raw = from_samples(source, idx, count, repeat, warmup, seed)
+        if not indexable and not raw:
+            raise ValueError(f"the {type(source).__name__} has no samples: it stopped before the "
+                             "first, so there is nothing to time")  # fmt: skip
         loaded.chains.append(Chain("transform", steps, False, raw))
         loaded.finals = raw
         runner = Cycled(source if indexable else [x for _, x in raw], [fn for _, fn in steps])
@@ -180,7 +187,8 @@ class Bench:
 
     Shows itself as rich tables in a terminal and as HTML in Jupyter; ``to_dict()`` is plain data
     (schema ``pipeprof-bench/1``); ``predict(...)`` answers what-if questions. Times are ms per
-    sample unless named otherwise; n/a is None.
+    sample unless named otherwise; n/a is None. ``delivered`` is the number of fixed samples that
+    made it through every step (0: every one failed somewhere, and there are no predictions).
     """
 
     def __init__(
@@ -204,6 +212,7 @@ class Bench:
         self.main_ms = main_ms
         self.notes = notes
         self.loader_workers = loader_workers
+        self.delivered = len(loaded.finals)
         self.scaling: list[dict[str, Any]] = []
         self.config: dict[str, Any] = {}
         self.model = self._model()
@@ -250,8 +259,14 @@ class Bench:
         the training rate, the workers needed to feed it and the ceiling if data were free.
         ``background`` is the runnable tasks of other programs on all the cores (default: what the
         probe found; 0 for a machine of your own). The result is a float with ``.details``; see
-        NOTE [ Worker pool model ] in whatif.py.
+        NOTE [ Worker pool model ] in whatif.py. A pipeline that delivered no sample (``delivered``
+        is 0: every one failed in some step) has no prediction: ``ValueError``.
         """
+        if not self.delivered:
+            raise ValueError(
+                "no sample made it through the pipeline, so there is nothing to predict: fix "
+                "the step that fails (see the stages' errors)"
+            )
         k = self.default_workers if workers is None else workers
         model = self.model
         if background is not None:

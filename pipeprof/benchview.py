@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeprof import whatif
@@ -51,9 +52,11 @@ def as_dict(b: Bench) -> dict[str, Any]:
             "skipped": r.skipped,
         }
     c = b.costs
-    top, top_k = whatif.ceiling(b.model)
-    ks = sorted({0, 1, 2, 4, 8, b.cores, max(1, b.cores - 1), b.default_workers})
-    preds = [{"workers": k, **_solved(b.model, k)} for k in ks]
+    top, top_k, preds = math.nan, None, []  # nothing delivered: nothing to predict
+    if b.delivered:
+        top, top_k = whatif.ceiling(b.model)
+        ks = sorted({0, 1, 2, 4, 8, b.cores, max(1, b.cores - 1), b.default_workers})
+        preds = [{"workers": k, **_solved(b.model, k)} for k in ks]
     stops = next(
         (
             r["workers"]
@@ -240,6 +243,8 @@ def predictions(data: dict[str, Any]) -> RenderableType:
     from rich.text import Text
 
     p = data["predictions"]
+    if not p["workers"]:
+        return Text("no predictions: no sample made it through the pipeline", style="yellow")
     parts = [f"{w['workers']}: {_num(w['samples_per_s'], '.0f')}" for w in p["workers"]]
     text = Text("predicted samples/s by workers  " + ", ".join(parts) + "\n")
     top = p["ceiling_samples_per_s"]
@@ -311,8 +316,19 @@ def to_html(data: dict[str, Any], page: bool = False, width: int = 110) -> str:
 
     console = _console(width, record=True)
     console.print(Group(*renderables(data)))
-    html = str(console.export_html(inline_styles=True))
+    out = str(console.export_html(inline_styles=True))
     if page:
-        return html
-    start, end = html.find("<pre"), html.rfind("</pre>")
-    return html[start : end + 6] if start >= 0 and end >= 0 else html
+        return out
+    start, end = out.find("<pre"), out.rfind("</pre>")
+    return out[start : end + 6] if start >= 0 and end >= 0 else out
+
+
+def with_lines(page: str, title: str, lines: Sequence[str]) -> str:
+    """An HTML page from ``render(..., "html")`` with ``lines`` (escaped) in a section of their
+    own at the end of its body; the page as it is without lines."""
+    if not lines:
+        return page
+    text = html.escape("\n".join(lines))
+    section = f"<section>\n<h3>{html.escape(title)}</h3>\n<pre>{text}</pre>\n</section>\n"
+    end = page.rfind("</body>")
+    return page[:end] + section + page[end:] if end >= 0 else page + section

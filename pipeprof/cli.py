@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -26,9 +27,9 @@ def _parser() -> argparse.ArgumentParser:
         "generates; nothing to download)",
     )
     d.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    d.add_argument("--images", type=int, default=256, help="JPEG files to generate (256)")
-    d.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
-    d.add_argument("--batches", type=int, default=None, help="batches to profile (one epoch)")
+    d.add_argument("--images", type=_positive, default=256, help="JPEG files to generate (256)")
+    d.add_argument("--workers", type=_count, default=2, help="DataLoader workers (2)")
+    d.add_argument("--batches", type=_positive, default=None, help="batches to profile (one epoch)")
     d.add_argument("--html", default="pipeprof-demo.html", help="HTML report to write")
     d.add_argument("-o", "--output", default=None, help="also save the report as JSON here")
     r = sub.add_parser("report", help="re-render a saved report")
@@ -58,28 +59,70 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     b = sub.add_parser("bench", help="benchmark each step of a pipeline on its own, and workers")
     b.add_argument("target", help="module:factory or file.py:factory returning a dataset, a "
                    "DataLoader or (samples, transforms)")  # fmt: skip
-    b.add_argument("--workers", default=None, help="worker counts to run, e.g. 1,2,4")
-    b.add_argument("--samples", type=int, default=64, help="fixed samples to time (64)")
-    b.add_argument("--repeat", type=int, default=3, help="timed passes per step (3)")
-    b.add_argument("--batch-size", type=int, default=None, help="batch size (loader's, or 16)")
+    b.add_argument("--workers", type=_counts, default=None, help="worker counts to run, e.g. 1,2,4")
+    b.add_argument("--samples", type=_positive, default=64, help="fixed samples to time (64)")
+    b.add_argument("--repeat", type=_positive, default=3, help="timed passes per step (3)")
+    b.add_argument(
+        "--batch-size", type=_positive, default=None, help="batch size (loader's, or 16)"
+    )
     b.add_argument("--seed", type=int, default=0, help="seed for the sample set and transforms")
-    b.add_argument("--predict", default=None, help="worker counts to predict, e.g. 6,8")
-    b.add_argument("--compute-rate", type=float, default=None,
+    b.add_argument("--predict", type=_counts, default=[], help="worker counts to predict, e.g. 6,8")
+    b.add_argument("--compute-rate", type=_rate, default=None,
                    help="samples/s the training step takes: the workers that feed it")  # fmt: skip
     b.add_argument("--format", choices=("text", "json", "html"), default=None,
                    help="output format (default: from -o's extension, else text)")  # fmt: skip
     b.add_argument("-o", "--output", default=None, help="write here instead of standard output")
 
 
+def _whole(text: str, low: int) -> int:
+    """A whole number of at least ``low``, for argparse (whose error names the flag)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = low - 1
+    if n < low:
+        raise argparse.ArgumentTypeError(f"expected a whole number of {low} or more, got {text!r}")
+    return n
+
+
+def _count(text: str) -> int:
+    return _whole(text, 0)
+
+
+def _positive(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _counts(text: str) -> list[int]:
+    """``1,2,4``: worker counts."""
+    try:
+        return [_count(v) for v in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected worker counts of 0 or more, separated by commas (e.g. 1,2,4), got {text!r}"
+        ) from None
+
+
+def _rate(text: str) -> float:
+    """Samples/s: a finite number above 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (x > 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"expected samples/s above 0 (e.g. 400), got {text!r}")
+    return x
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipeprof.demo import demo_loader, make_images, train
 
     console = Console()
+    device = _device(args.device)
     with tempfile.TemporaryDirectory(prefix="pipeprof-demo-") as tmp:
         console.print(f"[dim]writing {args.images} JPEG images to {tmp} ...[/dim]")
         make_images(tmp, count=args.images)
         loader = demo_loader(tmp, workers=args.workers)
-        device = args.device or _default_device()
         console.print(
             f"[dim]training a small CNN on {device}, {args.workers} DataLoader "
             "workers, under pipeprof.Profiler ...[/dim]"
@@ -90,13 +133,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"HTML report: {path.resolve()}")
     if args.output:
         console.print(f"saved: {report.save(args.output)}")
+    if report.session.interrupted:
+        console.print("[yellow]interrupted: the report covers the batches before Ctrl-C[/yellow]")
+        return INTERRUPTED
     return 0
 
 
-def _default_device() -> str:
+def _device(name: str | None) -> str:
+    """``--device``, checked before anything runs; by default cuda where available, else cpu."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    from pipeprof.collectors.torch import check_device
+
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        check_device(name)
+    except ValueError:
+        why = "CUDA is not available here" if name.startswith("cuda") else "no such torch device"
+        raise ValueError(f"--device {name}: {why}; use --device cpu, or leave it out") from None
+    return name
 
 
 def _format(args: argparse.Namespace) -> str:
@@ -136,31 +192,36 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from pipeprof.benchview import with_lines
     from pipeprof.sources import resolve
-
-    def ints(text: str | None) -> list[int]:
-        return [int(v) for v in text.split(",")] if text else []
 
     source, transforms = resolve(args.target)
     try:
         b = pipeprof.bench(
-            source, transforms, workers=ints(args.workers), samples=args.samples,
+            source, transforms, workers=args.workers, samples=args.samples,
             repeat=args.repeat, batch_size=args.batch_size, seed=args.seed,
         )  # fmt: skip
+        asked = []
+        if not isinstance(b, pipeprof.Bench) or b.delivered:  # else a note says: no predictions
+            asked = [b.predict(workers=k, compute_rate=args.compute_rate) for k in args.predict]
+            if args.compute_rate is not None and not asked:
+                asked = [b.predict(compute_rate=args.compute_rate)]
     except (TypeError, NotImplementedError) as exc:  # what the target gave is not benchmarkable
         raise ValueError(str(exc)) from exc
-    asked = [b.predict(workers=k, compute_rate=args.compute_rate) for k in ints(args.predict)]
-    if args.compute_rate and not asked:
-        asked = [b.predict(compute_rate=args.compute_rate)]
     fmt = _format(args)
     if fmt == "text" and not args.output:
         Console().print(b, *(repr(p) for p in asked))
         return 0
     if fmt == "json":
         text = json.dumps({**b.to_dict(), "asked": [p.to_dict() for p in asked]}, indent=2)
+    elif fmt == "html":
+        text = with_lines(b.render(fmt), "predictions asked for", [repr(p) for p in asked])
     else:
         text = b.render(fmt) + "".join(f"{p!r}\n" for p in asked)
     return _write(text, args.output)
+
+
+INTERRUPTED = 130  # the exit status of a program stopped by Ctrl-C (128 + SIGINT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,9 +234,33 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return cmd_bench(args)
         return cmd_report(args)
-    except (FileNotFoundError, ValueError, ImportError) as exc:
-        # the message as it is: no markup read from it, no line breaks added inside a path
-        Console(stderr=True, soft_wrap=True).print(
-            f"pipeprof: {exc}", style="red", markup=False, highlight=False
-        )
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return INTERRUPTED
+    except OSError as exc:  # FileNotFoundError too: a path that cannot be read or written
+        _error(_os_message(exc))
         return 2
+    except (ValueError, ImportError) as exc:
+        _error(str(exc))
+        return 2
+
+
+def _error(message: str) -> None:
+    # the message as it is: no markup read from it, no line breaks added inside a path
+    Console(stderr=True, soft_wrap=True).print(
+        f"pipeprof: {message}", style="red", markup=False, highlight=False
+    )
+
+
+def _os_message(exc: OSError) -> str:
+    """What went wrong with which path, and what to do about it."""
+    if exc.filename is None:  # raised with a message of our own (e.g. "no such pipeprof file")
+        return str(exc)
+    where = exc.filename
+    if isinstance(exc, IsADirectoryError):
+        return f"{where} is a folder: give the path of a file"
+    if isinstance(exc, PermissionError):
+        return f"{where}: permission denied; choose a path you may read or write"
+    if isinstance(exc, FileNotFoundError):
+        return f"{where}: no such file or folder; check the path"
+    return f"{where}: {exc.strerror or exc}"

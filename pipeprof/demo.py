@@ -74,7 +74,8 @@ def tiny_model() -> Any:
 
 
 def train(loader: Any, device: str, batches: int | None = None, sample_hz: float = 10.0) -> Any:
-    """One epoch of real training under ``pipeprof.Profiler``; returns the Report."""
+    """One epoch of real training under ``pipeprof.Profiler``; returns the Report. Ctrl-C stops
+    the training early: the Report covers what was measured (``report["interrupted"]``)."""
     import torch
 
     import pipeprof
@@ -84,14 +85,17 @@ def train(loader: Any, device: str, batches: int | None = None, sample_hz: float
     loss_fn = torch.nn.CrossEntropyLoss()
     # On the CPU there is no copy to time; on a GPU pipeprof moves each batch (transfer/h2d).
     prof = pipeprof.Profiler(device=None if device == "cpu" else device, sample_hz=sample_hz)
-    with prof:
-        for i, (images, labels) in enumerate(prof.wrap(loader)):
-            with prof.region("Forward"):
-                loss = loss_fn(model(images), labels)
-            with prof.region("Backward"):
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            if batches is not None and i + 1 >= batches:
-                break
+    try:
+        with prof:
+            for i, (images, labels) in enumerate(prof.wrap(loader)):
+                with prof.region("Forward"):
+                    loss = loss_fn(model(images), labels)
+                with prof.region("Backward"):
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                if batches is not None and i + 1 >= batches:
+                    break
+    except KeyboardInterrupt:  # the Profiler has stopped and marked its session interrupted
+        pass
     return prof.report()

@@ -146,13 +146,30 @@ def batch_figures(
     """Collate and hand-over costs per batch; the main process's cost to receive one."""
     if not ran or ("torch" not in sys.modules and not has_torch()):
         return {}, 0.0, ["torch is not installed: per-batch costs not measured"] if ran else []
-    samples = [x for _, x in ran]
+    samples = [detached(x) for _, x in ran]
     collate, note = collate_for(samples, collate_fn)
     costs: dict[str, Any] = {"collate": collate, **batch_costs(samples, batch_size, collate)}
     main_ms, worker_ms = main_cost(samples, batch_size, collate, context)
     if worker_ms is not None:  # measured in a real worker: collate into shared memory + send
         costs["send_ms"] = max(0.0, worker_ms - costs["collate_cpu_ms"])
     return costs, main_ms, [note] if note else []
+
+
+def detached(obj: Any, depth: int = 0) -> Any:
+    """``obj`` with its tensors that require grad detached (the same values), through tuples,
+    lists and dicts; ``obj`` itself when none does. Autograd cannot cross processes, so a worker
+    could not hand such tensors over (a step such as ``nn.Linear`` gives them)."""
+    if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
+        return obj.detach()
+    if depth >= 4:
+        return obj
+    if isinstance(obj, dict):
+        out = {k: detached(v, depth + 1) for k, v in obj.items()}
+        return obj if all(out[k] is v for k, v in obj.items()) else out
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        items = [detached(v, depth + 1) for v in obj]
+        return obj if all(a is b for a, b in zip(items, obj)) else type(obj)(items)
+    return obj
 
 
 def has_torch() -> bool:
@@ -176,7 +193,7 @@ class Cycled:
         x = self.source[i]
         for fn in self.steps:
             x = fn(x)
-        return x
+        return detached(x)  # the steps compute as timed; only the hand-over needs no autograd
 
 
 def _seed_worker(worker_id: int) -> None:

@@ -217,9 +217,15 @@ def read_file(path: str | os.PathLike[str]) -> Session:
         raise FileNotFoundError(f"no such pipeprof file: {p}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{p} is not a pipeprof JSON file ({exc})") from None
+    if isinstance(data, dict) and "session" not in data and "schema" in data:
+        raise ValueError(
+            f"{p} is a report written as plain JSON, without the raw session a report is "
+            "re-rendered from: save one with report.save(path) (or `pipeprof demo -o FILE.json`); "
+            "`pipeprof compare` reads this file as it is"
+        )
     if not isinstance(data, dict) or "session" not in data:
         raise ValueError(
             f"{p} holds no pipeprof session: pass a file written by report.save() or "
-            "`pipeprof ... -o FILE.json`"
+            "`pipeprof demo -o FILE.json`"
         )
     return Session.from_dict(data["session"])

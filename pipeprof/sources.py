@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
-import importlib.util
+import inspect
 import io
 import os
 import random
@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from pipeprof.isolation import (
@@ -103,6 +104,8 @@ class Loaded:
 def pick(total: int, samples: int | list[int], seed: int) -> list[int]:
     """The fixed sample set: given indices, or ``samples`` indices drawn with ``seed`` (sorted)."""
     if not isinstance(samples, int):
+        if not samples:
+            raise ValueError("samples is an empty list of indices: give at least one")
         return [int(i) for i in samples]
     if samples <= 0:
         raise ValueError(f"samples must be at least 1, got {samples}")
@@ -330,21 +333,14 @@ def split_load(
 def resolve(spec: str) -> tuple[Any, Any]:
     """``module:attr`` or ``path/to/file.py:attr`` to ``(source, transforms)`` for ``bench``.
 
-    A callable attribute (a factory function or class) is called with no arguments; what it gives
-    may be a dataset, a DataLoader, or a ``(samples, transforms)`` pair.
+    A class or a factory function is called with no arguments; what it gives may be a dataset, a
+    DataLoader, or a ``(samples, transforms)`` pair.
     """
     mod_name, sep, attr = spec.rpartition(":")
     if not sep or not mod_name or not attr:
         raise ValueError(f"expected module:factory or file.py:factory, got {spec!r}")
     if mod_name.endswith(".py") or os.sep in mod_name:
-        if not os.path.exists(mod_name):
-            raise FileNotFoundError(f"no such file: {mod_name}")
-        where = importlib.util.spec_from_file_location("_pipeprof_bench_target", mod_name)
-        if where is None or where.loader is None:
-            raise ValueError(f"cannot import {mod_name}")
-        module = importlib.util.module_from_spec(where)
-        sys.modules[where.name] = module  # so that its classes pickle for spawn workers
-        where.loader.exec_module(module)
+        module = import_file(mod_name)
     else:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # as ``python -m`` does
@@ -353,11 +349,48 @@ def resolve(spec: str) -> tuple[Any, Any]:
         obj = getattr(module, attr)
     except AttributeError:
         raise ValueError(f"{mod_name} has no attribute {attr!r}") from None
-    if callable(obj) and not hasattr(obj, "__getitem__") and not _is_loader(obj):
-        obj = obj()
+    is_factory = callable(obj) and not hasattr(obj, "__getitem__") and not _is_loader(obj)
+    if isinstance(obj, type) or is_factory:
+        obj = _call(obj, spec)
     if isinstance(obj, tuple) and len(obj) == 2:
         return obj[0], obj[1]
     return obj, None
+
+
+def import_file(path: str) -> ModuleType:
+    """The module in ``path``, imported as ``python path`` sees it: under its own name with its
+    folder first on ``sys.path``, so that the modules beside it import, and so that spawned
+    DataLoader workers (which start with this ``sys.path``) find it to unpickle its objects."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder: give a .py file, or package.module:factory")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    full = os.path.realpath(path)
+    folder, name = os.path.dirname(full), os.path.splitext(os.path.basename(full))[0]
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)
+    module = sys.modules.get(name) or importlib.import_module(name)
+    where = getattr(module, "__file__", None)
+    if where is None or os.path.realpath(where) != full:
+        taken = where or "a built-in module"
+        raise ValueError(f"{path} would be module {name!r}, but that name is taken by {taken}: "
+                         "rename the file")  # fmt: skip
+    return module
+
+
+def _call(factory: Callable[..., Any], spec: str) -> Any:
+    """``factory()``, refused with advice when it needs arguments."""
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as exc:
+        raise ValueError(
+            f"{spec} cannot be called without arguments ({exc}): pipeprof bench calls it with "
+            "none; point it at a function that takes none and returns the dataset"
+        ) from None
+    except ValueError:  # no signature to read (some built-ins): try the call
+        pass
+    return factory()
 
 
 def _is_loader(obj: Any) -> bool:

@@ -1,6 +1,7 @@
 """pipeprof.bench: stand-alone stage timings on known costs, worker runs, predictions, the CLI."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -209,9 +210,31 @@ def test_predictions_match_real_runs_on_known_costs():
     assert fed.details["input_bound"] and float(fed) == pytest.approx(float(p))
 
 
-def test_cli_bench(tmp_path, capsys):
-    factory = tmp_path / "pipe.py"
-    factory.write_text(
+@pytest.fixture
+def target(tmp_path, monkeypatch):
+    """Writes a factory file for ``pipeprof bench FILE.py:factory``. Resolving it imports it into
+    this process under its stem (as ``python FILE.py`` would), its folder first on sys.path: both
+    are undone after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    stems = []
+
+    def write(stem, text, folder=tmp_path):
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{stem}.py"
+        path.write_text(text)
+        stems.append(stem)
+        return path
+
+    yield write
+    for stem in stems:
+        module = sys.modules.get(stem)
+        if module is not None and str(tmp_path) in (getattr(module, "__file__", None) or ""):
+            del sys.modules[stem]
+
+
+def test_cli_bench(target, capsys):
+    factory = target(
+        "pipe",
         "import torch, time\n"
         "def make():\n"
         "    return [torch.zeros(3) for _ in range(8)], [lambda x: x + 1, abs]\n"
@@ -234,3 +257,110 @@ def test_cli_bench(tmp_path, capsys):
     assert "worker processes" in capsys.readouterr().out
     source, chain = resolve(f"{factory}:loader")
     assert chain is None and source.batch_size == 2
+
+
+def test_cli_bench_puts_asked_predictions_inside_html_and_json(tmp_path, target):
+    factory = target("asked_pipe", "import torch\ndef make():\n"
+                     "    return [torch.zeros(3) for _ in range(4)], [abs]\n")  # fmt: skip
+    common = ["bench", f"{factory}:make", "--samples", "4", "--repeat", "1", "--predict", "2,3"]
+    assert main([*common, "-o", str(tmp_path / "b.html")]) == 0
+    page = (tmp_path / "b.html").read_text()
+    assert page.rstrip().endswith("</body>\n</html>")  # nothing after the page
+    body = page[page.index("<body>") : page.index("</body>")]
+    assert body.count("&lt;Prediction") == 2 and "<Prediction" not in page
+    assert main([*common, "-o", str(tmp_path / "b.json")]) == 0
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert [p["workers"] for p in data["asked"]] == [2, 3] and data["schema"]
+
+
+def test_cli_bench_file_target_imports_as_python_runs_it(tmp_path, target):
+    """Spawned workers import the target file by its own name; it imports the file beside it."""
+    target("helpers_sib", "SIZE = 4\n", tmp_path / "proj")
+    path = target("spawn_target", (
+        "import torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "from helpers_sib import SIZE\n"
+        "class Zeros(Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 16\n"
+        "    def __getitem__(self, i):\n"
+        "        return torch.zeros(SIZE)\n"
+        "def loader():\n"
+        "    return DataLoader(Zeros(), batch_size=4, num_workers=1,\n"
+        "                      multiprocessing_context='spawn')\n"
+    ), tmp_path / "proj")  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeprof", "bench", f"{path}:loader", "--workers", "1",
+         "--samples", "8", "--repeat", "1", "--format", "json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["stages"]["load"]["out"] == "Tensor 4 float32"
+    assert data["scaling"][0]["samples_per_s"] > 0
+
+
+def test_file_target_named_like_a_loaded_module_is_refused(tmp_path, target):
+    clash = target("json", "def make():\n    return [1, 2]\n")
+    with pytest.raises(ValueError, match="would be module 'json'.*rename the file"):
+        resolve(f"{clash}:make")
+    with pytest.raises(ValueError, match="is a folder"):
+        resolve(f"{tmp_path}{os.sep}:make")
+
+
+def test_class_targets_are_instantiated_and_arguments_refused(target):
+    path = target("class_target", (
+        "class Squares:\n"
+        "    def __init__(self, n=5):\n"
+        "        self.n = n\n"
+        "    def __len__(self):\n"
+        "        return self.n\n"
+        "    def __getitem__(self, i):\n"
+        "        return i * i\n"
+        "class Sized(Squares):\n"
+        "    def __init__(self, n):\n"
+        "        self.n = n\n"
+        "def make(root):\n"
+        "    return Squares()\n"
+    ))  # fmt: skip
+    source, chain = resolve(f"{path}:Squares")
+    assert type(source).__name__ == "Squares" and len(source) == 5 and chain is None
+    for name in ("Sized", "make"):
+        with pytest.raises(ValueError, match="cannot be called without arguments"):
+            resolve(f"{path}:{name}")
+
+
+def test_nothing_to_time_or_nothing_delivered_gives_no_predictions():
+    with pytest.raises(ValueError, match="the list has no samples"):
+        pipeprof.bench([], [abs], probe=False)
+    with pytest.raises(ValueError, match="the CostDataset has no samples"):
+        pipeprof.bench(CostDataset(0, load_ms=0.0), probe=False)
+    with pytest.raises(ValueError, match="has no samples"):
+        pipeprof.bench(iter([]), [abs], probe=False)
+
+    def broken(x):
+        raise OSError("disk gone")
+
+    b = pipeprof.bench(tensors(4), [Spin(0.1), broken], repeat=1, probe=False, workers=1)
+    assert b.delivered == 0 and b.scaling == []
+    assert b["predictions"]["workers"] == [] and b["predictions"]["ceiling_samples_per_s"] is None
+    assert any("no predictions" in n for n in b.notes)
+    assert "no predictions: no sample made it through" in str(b)
+    with pytest.raises(ValueError, match="no sample made it through"):
+        b.predict(workers=2)
+
+
+def test_cli_bench_empty_dataset_is_a_clear_error(target, capsys):
+    path = target("empty_target", "def make():\n    return []\n")
+    assert main(["bench", f"{path}:make"]) == 2
+    assert "pipeprof: the list has no samples" in capsys.readouterr().err
+
+
+def test_transforms_whose_outputs_require_grad_are_benchmarked():
+    chain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    b = pipeprof.bench([torch.zeros(4)] * 8, chain, repeat=1, probe=False, workers=1,
+                       batch_size=4, seconds=0.1)  # fmt: skip
+    s = b["stages"]
+    assert list(s) == ["load", "transform/Linear", "transform/ReLU"]
+    assert s["transform/ReLU"]["out"] == "Tensor 4 float32"
+    assert b["batch"]["send_ms"] is not None and b.scaling[0]["samples_per_s"] > 0

@@ -68,3 +68,71 @@ def test_bad_file_gives_a_clear_error_and_exit_2(tmp_path):
     odd = tmp_path / ("[bold]run " + "x" * 90) / "[1].json"
     res = run(str(BIN), "report", str(odd))
     assert res.returncode == 2 and str(odd) in res.stderr
+
+
+def test_user_mistakes_give_a_message_and_exit_2(tmp_path):
+    import torch
+
+    factory = tmp_path / "targets.py"
+    factory.write_text("def needs_root(root):\n    return [1, 2]\n")
+    target = f"{factory}:needs_root"
+    cases = [
+        (["demo", "--device", "foo"], "--device foo: no such torch device; use --device cpu"),
+        (["demo", "--batches", "0"], "--batches: expected a whole number of 1 or more"),
+        (["demo", "--batches", "-1"], "--batches: expected a whole number of 1 or more"),
+        (["bench", target, "--workers", "a,b"], "--workers: expected worker counts"),
+        (["bench", target, "--predict", "x"], "--predict: expected worker counts"),
+        (["bench", target, "--compute-rate", "0"], "--compute-rate: expected samples/s above 0"),
+        (["bench", target], "cannot be called without arguments"),
+        (["report", str(tmp_path)], f"{tmp_path} is a folder: give the path of a file"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["demo", "--device", "cuda"], "CUDA is not available here"))
+    for args, message in cases:
+        res = run(str(BIN), *args)
+        assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr, (args, res.stderr)
+
+
+def test_output_that_is_a_folder_gives_a_message(demo, tmp_path):
+    out, _ = demo
+    res = run(str(BIN), "report", str(out / "demo.json"), "-o", str(tmp_path))
+    assert res.returncode == 2 and "is a folder: give the path of a file" in res.stderr
+    assert "Traceback" not in res.stderr
+    from pipeprof.cli import _os_message
+
+    denied = _os_message(PermissionError(13, "Permission denied", "/srv/r.html"))
+    assert denied == "/srv/r.html: permission denied; choose a path you may read or write"
+
+
+# Ctrl-C (a real SIGINT to the process) in the demo's second training step.
+CTRL_C = """
+import os, signal, sys
+import pipeprof.demo as demo
+from pipeprof.cli import main
+
+make = demo.tiny_model
+
+def tiny_model():
+    model, steps = make(), []
+    def ctrl_c(module, args):
+        steps.append(1)
+        if len(steps) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+    model.register_forward_pre_hook(ctrl_c)
+    return model
+
+demo.tiny_model = tiny_model
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_in_demo_writes_what_was_measured_and_exits_130(tmp_path):
+    html, saved = tmp_path / "demo.html", tmp_path / "demo.json"
+    res = run(sys.executable, "-c", CTRL_C, "demo", "--images", "96", "--workers", "1",
+              "--html", str(html), "-o", str(saved))  # fmt: skip
+    assert res.returncode == 130, res.stderr
+    assert "Traceback" not in res.stderr and "interrupted" in res.stdout
+    assert "interrupted" in html.read_text()
+    data = json.loads(saved.read_text())
+    assert data["interrupted"] is True and data["batches"] >= 1

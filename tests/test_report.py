@@ -67,6 +67,10 @@ def test_load_errors_say_what_to_do(tmp_path):
     bad.write_text('{"x": 1}')
     with pytest.raises(ValueError, match="holds no pipeprof session"):
         pipeprof.load(bad)
+    plain = tmp_path / "plain.json"
+    plain.write_text('{"schema": "pipeprof/1", "stages": {}}')  # `--format json`: no session
+    with pytest.raises(ValueError, match=r"plain JSON, without the raw session.*report.save"):
+        pipeprof.load(plain)
     future = tmp_path / "future.json"
     future.write_text('{"session": {"schema_version": 99}}')
     with pytest.raises(ValueError, match="upgrade pipeprof"):

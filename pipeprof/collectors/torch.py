@@ -270,11 +270,12 @@ class ProfiledLoader:
         self.user_loader = loader
         self.opaque = own_iteration(loader)
         if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
+            what = f"{type(loader).__name__} overrides {', '.join(self.opaque)}"
             self.loader, notes = (
                 loader,
                 [
-                    f"{type(loader).__name__} overrides {', '.join(self.opaque)}: it runs as it is, "
-                    "so pipeprof times the wait for each batch but no stage inside the loader"
+                    f"{what}: it runs as it is, so pipeprof times the wait for each batch but no "
+                    "stage inside the loader"
                 ],
             )
         else:
