@@ -6,6 +6,7 @@ Nothing here prints, draws or reads a clock: the same Session always gives the s
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from pipeprof import findings
@@ -76,7 +77,8 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         row["per_batch_ms"] = round(row["total_s"] * 1e3 / max(session.batches, 1), 6)
         row["share"] = round(row["total_s"] / top_total, 6) if "/" not in path else None
         row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
-    return dict(sorted(table.items(), key=lambda kv: stage_order(kv[0])))
+    # merged (and so table) lists the recorded paths in the order they first ran
+    return {path: table[path] for path in tree_order(table)}
 
 
 def parent_of(path: str) -> str | None:
@@ -86,11 +88,23 @@ def parent_of(path: str) -> str | None:
 _TOP = {"load": 0, "transform": 1, "collate": 2, "transfer": 3}
 
 
-def stage_order(path: str) -> tuple[Any, ...]:
-    """Sort key of a stage path: load, transform, collate, transfer, then a parent before its
-    children."""
-    parts = path.split("/")
-    return (_TOP.get(parts[0], 9), *parts)
+def tree_order(paths: Iterable[str]) -> list[str]:
+    """``paths`` as a tree: load, transform, collate, transfer, then any other; a parent before
+    its children; siblings in the order they first appear in ``paths`` (pipeline order: a
+    ``Compose``'s steps as they run)."""
+    paths = list(dict.fromkeys(paths))
+    first: dict[str, int] = {}
+    for i, path in enumerate(paths):
+        parts = path.split("/")
+        for j in range(1, len(parts) + 1):
+            first.setdefault("/".join(parts[:j]), i)
+
+    def key(path: str) -> tuple[int, ...]:
+        parts = path.split("/")
+        ranks = (first["/".join(parts[:j])] for j in range(1, len(parts) + 1))
+        return (_TOP.get(parts[0], 9), *ranks)
+
+    return sorted(paths, key=key)
 
 
 def worker_table(session: Session, wall_ns: int) -> list[dict[str, Any]]:

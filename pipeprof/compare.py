@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeprof.analysis import stage_order
+from pipeprof.analysis import tree_order
 from pipeprof.renderers.figures import gpu_devices, loop_view, num, pct, top_total
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def _stages(b: dict[str, Any], a: dict[str, Any]) -> dict[str, dict[str, Any]]:
     sb, sa = b.get("stages") or {}, a.get("stages") or {}
     tb, ta = top_total(sb) or 1.0, top_total(sa) or 1.0
     out = {}
-    for path in sorted({*sb, *sa}, key=stage_order):  # a stage new in one sits under its parent
+    for path in tree_order([*sb, *sa]):  # a stage new in one report sits under its parent
         rb, ra = sb.get(path) or {}, sa.get(path) or {}
         out[path] = {
             "per_sample_ms": delta(rb.get("per_sample_ms"), ra.get("per_sample_ms")),

@@ -324,9 +324,14 @@ def test_imagefolder_split_into_read_and_decode(tmp_path):
 
 
 def test_sequential_and_list_transforms():
-    seq = torch.nn.Sequential(torch.nn.Identity(), torch.nn.ReLU())
-    stages = pipeprof.profile(DataLoader(CostDataset(8, transform=seq), batch_size=4))["stages"]
+    seq = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Identity(), torch.nn.Hardtanh())
+    loader = DataLoader(CostDataset(8, transform=seq), batch_size=4, num_workers=2)
+    stages = pipeprof.profile(loader)["stages"]
     assert stages["transform/Identity"]["count"] == 8 and stages["transform/ReLU"]["count"] == 8
+    # the stage tree lists a chain's steps in the order they run, not alphabetically
+    assert [p for p in stages if p.startswith("transform/")] == [
+        "transform/ReLU", "transform/Identity", "transform/Hardtanh"
+    ]  # fmt: skip
     dup = transforms.Compose([Scale(0.0), Scale(0.0)])
     stages = pipeprof.profile(DataLoader(CostDataset(8, transform=dup), batch_size=4))["stages"]
     assert stages["transform/Scale"]["count"] == 8 and stages["transform/Scale#2"]["count"] == 8
