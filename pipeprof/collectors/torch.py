@@ -271,13 +271,8 @@ class ProfiledLoader:
         self.opaque = own_iteration(loader)
         if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
             what = f"{type(loader).__name__} overrides {', '.join(self.opaque)}"
-            self.loader, notes = (
-                loader,
-                [
-                    f"{what}: it runs as it is, so pipeprof times the wait for each batch but no "
-                    "stage inside the loader"
-                ],
-            )
+            note = f"{what}: it runs as it is, so pipeprof times the wait per batch, no stage in it"
+            self.loader, notes = loader, [note]
         else:
             self.loader, notes = build_loader(loader)
         self.passes = 0
