@@ -70,11 +70,14 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
             "max_ms": None,
             "derived": True,
         }
-    samples = max(session.samples, 1)
+    # tf.data stages come from a trace of the first elements only: per sample of those
+    tf = session.meta.get("tf") or {}
+    samples = max(tf.get("traced_samples") or session.samples, 1)
+    batches = max(tf.get("traced_batches") or session.batches, 1)
     top_total = sum(v["total_s"] for k, v in table.items() if "/" not in k) or 1.0
     for path, row in table.items():
         row["per_sample_ms"] = round(row["total_s"] * 1e3 / samples, 6)
-        row["per_batch_ms"] = round(row["total_s"] * 1e3 / max(session.batches, 1), 6)
+        row["per_batch_ms"] = round(row["total_s"] * 1e3 / batches, 6)
         row["share"] = round(row["total_s"] / top_total, 6) if "/" not in path else None
         row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
     # merged (and so table) lists the recorded paths in the order they first ran

@@ -236,7 +236,9 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             )
             return
         replay = getattr(self, "_replay_ns", None)
-        per = self._samples_per_step()
+        # Keras calls the batch hooks once per execution of steps_per_execution batches
+        execution = int(s.meta.get("steps_per_execution") or 1)
+        per = self._samples_per_step() * execution
         for begin, end, first, after, *measured in steps:
             step = end - begin
             if measured:
@@ -247,7 +249,7 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
                 continue
             overhead = max(0, after - end) if after else 0
             compute = max(0, step - wait)
-            self._add_step(begin, wait, compute, overhead, bool(first), per)
+            self._add_step(begin, wait, compute, overhead, bool(first), per, execution)
         s.start_ns = steps[0][0]
         s.end_ns = max(steps[-1][1], steps[-1][3])
         loop["epochs"] = max(1, len({i for i, st in enumerate(steps) if st[2]}))
@@ -266,8 +268,10 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
         )
 
     def _add_step(
-        self, begin: int, wait: int, compute: int, overhead: int, first: bool, per: int
+        self, begin: int, wait: int, compute: int, overhead: int, first: bool, per: int, n: int
     ) -> None:
+        """One step as Keras' hooks see it: ``n`` batches (``steps_per_execution``), ``per``
+        samples."""
         s, loop = self.session, self.session.loop
         part = loop["first" if first else "steady"]
         for key, value in (
@@ -289,7 +293,7 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
         loop["step_ring"].append([begin, wait, 0, compute, int(first)])
         s.batch_ring.append((s.batches, "main", begin + wait, wait, per, 0))
         s.spans.append(("main", "keras.train_step/wait", begin, wait))
-        s.batches += 1
+        s.batches += n
         s.samples += per
         s.events += 2
 

@@ -82,6 +82,24 @@ def test_input_bound_fit(input_bound):
     assert data_["samples"] == 18 * BATCH
 
 
+def test_steps_per_execution_counts_every_batch():
+    """Keras calls the batch hooks once per execution of steps_per_execution batches."""
+    TRUTH.clear()
+    ds = data(slow=True, batches=24)
+    cb = pipeprof.keras.ProfilerCallback(ds, skip_steps=1)
+    m = model(16)
+    m.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
+    m.fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    data_ = cb.report().to_dict()
+    assert data_["loop"]["steps"] == 5  # 6 executions of 4 batches, the first skipped
+    assert data_["batches"] == 20 and data_["samples"] == 20 * BATCH
+    row = data_["stages"]["transform/load_fn"]
+    assert row["per_sample_ms"] == pytest.approx(row["mean_ms"], rel=0.25)
+    true_rate = 1e9 / statistics.fmean(TRUTH)  # one sequential reader: samples/s at best
+    rate = data_["loop"]["throughput"]["effective_samples_per_s"]
+    assert 0.6 * true_rate < rate < 1.1 * true_rate, (rate, true_rate)
+
+
 def test_compute_bound_fit():
     ds = data(slow=False, batches=12)
     cb = pipeprof.keras.ProfilerCallback(ds, trace_steps=8)

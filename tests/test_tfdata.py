@@ -106,6 +106,7 @@ def test_trace_stops_after_trace_batches_and_runs_once_per_session():
     list(ProfiledDataset(ds, session))  # a second epoch: waits only, the trace is kept
     assert session.batches == 32 and session.stages["tf.data"]["collate"].count <= 8
     assert session.meta["tf"]["method"] == "profiler" and session.wait.count == 31
+    assert session.meta["tf"]["traced_batches"] == 5 and session.meta["tf"]["traced_samples"] == 20
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +286,9 @@ def test_loop_wrap_eager_and_tf_function_steps(tmp_path):
     assert data["framework"] == "tf" and data["mode"] == "loop"
     assert data["verdict"]["kind"] == "input-bound"
     assert data["meta"]["tf"]["bottleneck"]["stage"] == "transform/load"
+    # per sample of the traced elements, not of every element the loop went on to take
+    row = data["stages"]["transform/load"]
+    assert row["per_sample_ms"] == pytest.approx(row["mean_ms"], rel=0.15)
     # In situ a py_function also waits for the GIL that the loop's own Python holds (1-2 ms a
     # call on a quiet 2-core machine, more on a loaded one), which its body's clock cannot see
     # (docs/tfdata.md); the 10 % ground truth is the profile() test above.
@@ -324,6 +328,7 @@ def test_bench_times_each_op_of_a_tf_pipeline_prefix_by_prefix():
     assert quick < rows["transform/slow_decode"]["marginal_ms_per_sample"]
     assert rows["collate"]["samples"] == 2 * 12 * 4
     assert "transform/slow_decode" in b.render("text") and b.render("json").startswith("{")
+    assert str(b) == b.render("text")  # print(bench) shows the table
     with pytest.raises(NotImplementedError, match="num_parallel_calls"):
         b.predict(workers=4)
     with pytest.raises(ValueError, match="as it is"):

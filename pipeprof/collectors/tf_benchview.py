@@ -164,5 +164,8 @@ class TFBench:
         return ("<table><tr><th>op</th><th>stage</th><th>+ms/sample</th><th>share</th></tr>"
                 f"{rows}</table>")  # fmt: skip
 
+    def __str__(self) -> str:  # print(bench): the table, as for a Report or a torch Bench
+        return self.render("text")
+
     def __repr__(self) -> str:
         return f"<pipeprof TFBench {len(self.rows)} ops, slowest={self.slowest}>"

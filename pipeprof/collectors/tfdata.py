@@ -105,11 +105,13 @@ class ProfiledDataset:
                 if capture is not None and capture.running and limit and s.batches >= limit:
                     # stop now (tens of ms, once); parse when the iteration ends, where no step
                     # of a training loop is timed
-                    space = capture.stop()
+                    space = self._stop_capture(capture)
                 yield element
         finally:
             if capture is not None:
-                self._finish_capture(capture, space if space is not None else capture.stop())
+                if space is None:
+                    space = self._stop_capture(capture)
+                self._finish_capture(capture, space)
 
     # ---- the consumer's side -----------------------------------------------------------------
 
@@ -147,7 +149,14 @@ class ProfiledDataset:
             self._fallback(capture.error)
             return None
         tf_meta["traced"] = True
+        self._traced_from = (self.session.batches, self.session.samples)
         return capture
+
+    def _stop_capture(self, capture: Capture) -> Any:
+        """Stop tracing; the elements it covered are what stage times per sample divide by."""
+        s, (batches, samples) = self.session, self._traced_from
+        s.meta["tf"].update(traced_batches=s.batches - batches, traced_samples=s.samples - samples)
+        return capture.stop()
 
     def _finish_capture(self, capture: Capture, space: Any) -> None:
         known = {op["dataset"] for op in self.pipeline["ops"] if op.get("dataset")}
