@@ -135,6 +135,7 @@ class Profiler:
         self._last_flush = 0.0
         self._cached: list[Any] = []
         self._twins: list[tuple[Any, Any]] = []
+        self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
         self._gpu_events: list[tuple[Any, Any]] = []
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -142,6 +143,12 @@ class Profiler:
     def start(self) -> Profiler:
         if self._running:
             raise RuntimeError("this Profiler is already running")
+        if self.session.start_ns:
+            raise RuntimeError(
+                "this Profiler has already profiled a run and stopped: one Profiler covers one "
+                "continuous run (put every epoch inside one `with prof:`), or create a new "
+                "pipeprof.Profiler() for another run"
+            )
         s = self.session
         s.overhead_ns = measure_overhead()
         s.start_ns = clock()
@@ -199,9 +206,15 @@ class Profiler:
             values = self._pending_regions[key] = []
         values.append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
+        # A region counts for its class only outside the regions nested in it, which closed
+        # before it: "train_step" around Forward and Backward is compute, not overhead.
+        inner, closed = 0, self._closed
+        while closed and closed[-1][0] >= start_ns:
+            inner += closed.pop()[1]
+        closed.append((start_ns, duration_ns))
         kind = region_class(key)
         if kind in self._class_ns:
-            self._class_ns[kind] += duration_ns
+            self._class_ns[kind] += max(0, duration_ns - inner)
 
     # ---- the data ---------------------------------------------------------------------------
 
@@ -292,6 +305,7 @@ class Profiler:
             loop["startup_ns"] = wait
         loop["steps"] += 1
         loop["step_ring"].append([t_req, wait, transfer, 0, int(first)])
+        self._closed.clear()
         self._step_marks = (self._class_ns["transfer"], self._class_ns["overhead"], part)
 
     def _end_step(self, handed: int, t_end: int) -> None:
@@ -384,10 +398,16 @@ class Profiler:
         if not self.stream or time.monotonic() - self._last_flush < self.flush_s:
             return
         self._last_flush = time.monotonic()
-        self.session.end_ns = clock()
+        s = self.session
+        s.end_ns = clock()
         self._fold()
         self._collect_samplers()
-        self.session.save(self.stream)
+        # a snapshot of a loop still running: if the process dies now, the file says partial
+        was, s.interrupted = s.interrupted, True
+        try:
+            s.save(self.stream)
+        finally:
+            s.interrupted = was
 
     # ---- replay baseline ----------------------------------------------------------------------
 

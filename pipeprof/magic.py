@@ -120,6 +120,13 @@ class PipeprofMagics(Magics):
             self._shell.ex(source)
         except KeyboardInterrupt:
             interrupted = True  # a long loop stopped by hand: report what was measured
+        except BaseException:  # the cell's own error goes on as it is; what ran is kept
+            prof.stop(interrupted=True)
+            if prof.session.loop.get("steps"):
+                report = self._shell.user_ns[RESULT] = prof.report()
+                if args.output:
+                    print(f"pipeprof: wrote {write(report, args.output)} (the cell raised)")
+            raise
         finally:
             prof.stop(interrupted=interrupted)
         if not prof.session.loop.get("steps"):

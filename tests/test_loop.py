@@ -76,6 +76,37 @@ def test_regions_transfer_and_overhead_are_attributed():
     assert prof.report()["verdict"]["kind"] == "overhead-bound"
 
 
+@pytest.mark.timing
+def test_nested_regions_count_once_for_their_class():
+    """A named region around Forward and Backward is compute, not overhead; logging nested in
+    logging is counted once."""
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(range(8)):
+            with prof.region("train_step"):
+                with prof.region("Forward"):
+                    spin(3.0)
+                with prof.region("Backward"):
+                    spin(3.0)
+            with prof.region("Logging"), prof.region("Other"):
+                spin(1.5)
+    loop = prof.report()["loop"]
+    truth = loop["regions"]["Logging"]["total_s"]
+    assert loop["overhead_s"] == pytest.approx(truth, rel=0.05)  # once, not Logging + Other
+    assert loop["compute_s"] == pytest.approx(loop["regions"]["train_step"]["total_s"], rel=0.05)
+    assert prof.report()["verdict"]["kind"] == "overhead-bound"  # 1.5 of 7.5 ms: 20 %
+    assert 0.15 < loop["overhead_fraction"] < 0.25
+
+
+def test_a_profiler_covers_one_run():
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        list(prof.wrap(range(3)))
+    with pytest.raises(RuntimeError, match="one Profiler covers one continuous run"), prof:
+        pass
+    assert prof.report()["loop"]["steps"] == 3
+
+
 def test_same_batches_as_the_plain_loader_and_epochs_kept_apart():
     loader = DataLoader(
         CostDataset(16, transform=transforms.Compose([Scale(0.0)])),
@@ -126,7 +157,10 @@ def test_streaming_keeps_the_file_readable_while_running(tmp_path):
     with prof:
         for i, _ in enumerate(prof.wrap(range(10))):
             if i == 6:
-                assert pipeprof.load(stream)["loop"]["steps"] >= 5
+                snapshot = pipeprof.load(stream)
+                assert snapshot["loop"]["steps"] >= 5
+                assert snapshot["interrupted"] is True  # the run had not finished: partial
+    assert pipeprof.load(stream)["interrupted"] is False  # the final save
 
 
 def test_generic_iterables_and_batch_sizes():

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+import pipeprof
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "report.ipynb"
 
 
@@ -134,6 +136,12 @@ def test_magics_profile_a_loader_and_a_cell(shell, tmp_path):
     assert quiet is None and shell.user_ns["_pipeprof_report"]["loop"]["steps"] == 4
     with pytest.raises(UsageError, match="never iterated prof.wrap"):
         shell.run_cell_magic("pipeprof", "", "x = 1")
+    failing = "for i, _ in enumerate(prof.wrap(loader)):\n    if i == 2:\n        1 / 0\n"
+    with pytest.raises(ZeroDivisionError):  # the cell's own error, and what ran is kept
+        shell.run_cell_magic("pipeprof", f"-q -o {tmp_path / 'c.json'}", failing)
+    kept = shell.user_ns["_pipeprof_report"]
+    assert kept["interrupted"] and kept["loop"]["steps"] == 3
+    assert pipeprof.load(tmp_path / "c.json")["loop"]["steps"] == 3
     with pytest.raises(UsageError, match="needs a DataLoader"):
         shell.run_line_magic("pipeprof", "")
     with pytest.raises(UsageError, match="invalid int value"):
