@@ -482,32 +482,17 @@ class GenericSource:
         session.meta.setdefault("source", type(data).__name__)
 
     def __iter__(self) -> Iterator[Any]:
-        s = self.session
-        t_iter = clock()
-        first = True
-        for batch in _timed(iter(self.data)):
-            t_got, wait = batch[1], batch[2]
-            n = batch_size(batch[0])
-            if first:
-                s.first_batch_ns = t_got - t_iter
-                first = False
-            else:
-                s.wait.add(wait)
-            s.batch_ring.append((s.batches, "main", t_got, wait, n, 0))
-            s.batches += 1
-            s.samples += n
-            yield batch[0]
-
-
-def _timed(it: Iterator[Any]) -> Iterator[tuple[Any, int, int]]:
-    while True:
-        t0 = clock()
-        try:
-            item = next(it)
-        except StopIteration:
-            return
-        t1 = clock()
-        yield item, t1, t1 - t0
+        t_iter: int | None = clock()
+        it = iter(self.data)
+        while True:
+            t0 = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.session.add_batch(t0, clock(), batch_size(batch), t_iter)
+            t_iter = None
+            yield batch
 
 
 PARTS = ("wait", "transfer", "user_transfer", "compute", "overhead", "step")

@@ -103,6 +103,28 @@ class Session:
         stat.add(ns, n)
         self.events += 1
 
+    def add_batch(
+        self,
+        t0: int,
+        t1: int,
+        samples: int,
+        t_iter: int | None = None,
+        span: str | None = None,
+        track: str = "main",
+        busy_ns: int = 0,
+    ) -> None:
+        """The consumer got a batch of ``samples``, blocked in ``next()`` from ``t0`` to ``t1``;
+        with ``t_iter`` (when ``iter()`` was called) it is the first batch: start-up, not wait."""
+        if t_iter is not None:
+            self.first_batch_ns = t1 - t_iter
+        else:
+            self.wait.add(t1 - t0)
+        if span is not None:
+            self.spans.append(("main", span, t0, t1 - t0))
+        self.batch_ring.append((self.batches, track, t1, t1 - t0, samples, busy_ns))
+        self.batches += 1
+        self.samples += samples
+
     def worker(self, track: str, pid: int) -> WorkerRecord:
         rec = self.workers.get(track)
         if rec is None:

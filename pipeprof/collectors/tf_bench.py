@@ -71,7 +71,7 @@ def benchmark_prefixes(dataset: Any, elements: int = 100, warmup: int = 5) -> li
 def _time(dataset: Any, elements: int, warmup: int) -> tuple[int, int, int]:
     from pipeprof.collectors.tfdata import leading_dim
 
-    batched = any(o["op"] in _BATCHES for o in tf_graph.describe(dataset)["ops"])
+    batched = any(o["op"] in tf_graph.BATCH_OPS for o in tf_graph.describe(dataset)["ops"])
     it = iter(dataset)
     for _ in range(warmup):
         if next(it, None) is None:
@@ -84,18 +84,6 @@ def _time(dataset: Any, elements: int, warmup: int) -> tuple[int, int, int]:
         if n >= elements:
             break
     return clock() - t0, samples, n
-
-
-_BATCHES = frozenset(
-    {
-        "BatchDataset",
-        "BatchDatasetV2",
-        "PaddedBatchDataset",
-        "PaddedBatchDatasetV2",
-        "ParallelBatchDataset",
-        "MapAndBatchDataset",
-    }
-)
 
 
 def fill_session(session: Any, dataset: Any, elements: int = 100) -> None:

@@ -56,7 +56,7 @@ def bench_tf(dataset: Any, samples: int = 64, repeat: int = 3, warmup: int = 4) 
         op = ops[-1] if ops else {"op": type(prefix).__name__}
         by_name = {o["dataset"]: o for o in ops if o.get("dataset")}
         stage = tf_graph.stage_for(tf_bench.kind_of_op(op["op"]), op.get("dataset", ""), by_name)
-        batched = any(o["op"] in tf_bench._BATCHES for o in ops)
+        batched = any(o["op"] in tf_graph.BATCH_OPS for o in ops)
         times: list[int] = []
         seen = 0
         last = None

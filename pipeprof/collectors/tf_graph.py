@@ -37,6 +37,18 @@ SOURCES = frozenset(
         "Counter",
     }
 )
+#: Dataset ops (graph node names) that batch elements: an element of their output is a batch.
+BATCH_OPS = frozenset(
+    {
+        "BatchDataset",
+        "BatchDatasetV2",
+        "PaddedBatchDataset",
+        "PaddedBatchDatasetV2",
+        "ParallelBatchDataset",
+        "MapAndBatchDataset",
+        "ExperimentalMapAndBatchDataset",
+    }
+)
 INTERLEAVES = frozenset(
     {
         "Interleave",

@@ -73,7 +73,7 @@ class ProfiledDataset:
         self.trace_batches = trace_batches
         session.framework = "tf"
         self.pipeline = tf_graph.describe(dataset)
-        self.batched = any(op["op"] in _BATCH_OPS for op in self.pipeline["ops"])
+        self.batched = any(op["op"] in tf_graph.BATCH_OPS for op in self.pipeline["ops"])
         desc = describe(dataset, self.pipeline, device)
         session.meta.setdefault("tf", {}).update(desc.pop("tf"))  # keeps an earlier epoch's trace
         session.meta.update(desc)
@@ -116,17 +116,9 @@ class ProfiledDataset:
     # ---- the consumer's side -----------------------------------------------------------------
 
     def _record(self, element: Any, t0: int, t1: int, t_iter: int | None) -> None:
-        s = self.session
         n = leading_dim(element) if self.batched else 1
-        if t_iter is not None:
-            s.first_batch_ns = t1 - t_iter
-        else:
-            s.wait.add(t1 - t0)
-        s.spans.append(("main", WAIT_SPAN, t0, t1 - t0))
-        s.batch_ring.append((s.batches, "main", t1, t1 - t0, n, 0))
-        s.batches += 1
-        s.samples += n
-        s.events += 1
+        self.session.add_batch(t0, t1, n, t_iter, WAIT_SPAN)
+        self.session.events += 1
 
     def _copy(self, element: Any) -> Any:
         tf = import_tf()
@@ -174,19 +166,6 @@ class ProfiledDataset:
             "(pipeprof.profile estimates them with a prefix-by-prefix benchmark instead). Stop "
             "other profiling sessions (TensorBoard's profile_batch) for in-situ stage times."
         )
-
-
-_BATCH_OPS = frozenset(
-    {
-        "BatchDataset",
-        "BatchDatasetV2",
-        "PaddedBatchDataset",
-        "PaddedBatchDatasetV2",
-        "ParallelBatchDataset",
-        "MapAndBatchDataset",
-        "ExperimentalMapAndBatchDataset",
-    }
-)
 
 
 def leading_dim(element: Any) -> int:

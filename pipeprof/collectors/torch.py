@@ -336,7 +336,8 @@ class ProfiledLoader:
         if not isinstance(carrier, Carrier):  # the user's own loader (see ``own_iteration``)
             from pipeprof.loop import batch_size
 
-            return self._unpack_plain(carrier, batch_size(carrier), t0, t1, t_iter, span)
+            s.add_batch(t0, t1, batch_size(carrier), t_iter, span)
+            return carrier
         payload = carrier.payload
         s.merge(payload)
         track = payload["track"]
@@ -348,29 +349,8 @@ class ProfiledLoader:
         w.samples += payload["samples"]
         if carrier.pin_ns:
             s.add("main", "transfer/pin", carrier.pin_ns)
-        if t_iter is not None:
-            s.first_batch_ns = t1 - t_iter
-        else:
-            s.wait.add(t1 - t0)
-        s.spans.append(("main", span, t0, t1 - t0))
-        s.batch_ring.append((s.batches, track, t1, t1 - t0, payload["samples"], busy))
-        s.batches += 1
-        s.samples += payload["samples"]
+        s.add_batch(t0, t1, payload["samples"], t_iter, span, track, busy)
         return carrier.batch
-
-    def _unpack_plain(
-        self, batch: Any, n: int, t0: int, t1: int, t_iter: int | None, span: str
-    ) -> Any:
-        s = self.session
-        if t_iter is not None:
-            s.first_batch_ns = t1 - t_iter
-        else:
-            s.wait.add(t1 - t0)
-        s.spans.append(("main", span, t0, t1 - t0))
-        s.batch_ring.append((s.batches, "main", t1, t1 - t0, n, 0))
-        s.batches += 1
-        s.samples += n
-        return batch
 
 
 def own_iteration(loader: DataLoader) -> list[str]:
