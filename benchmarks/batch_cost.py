@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pipeprof.collectors.torch import build_loader
+    from pipeprof.collect.torch.loader import build_loader
+    from pipeprof.core.recorder import recorder
+    from pipeprof.core.session import Session
     from pipeprof.demo import demo_loader, make_images
-    from pipeprof.recorder import recorder
-    from pipeprof.session import Session
 
     torch.set_num_threads(1)  # as in a DataLoader worker
     tmp = None

@@ -104,8 +104,8 @@ def run_plain(loader: Any) -> dict[str, Any]:
 
 
 def run_pipeprof(loader: Any) -> dict[str, Any]:
-    from pipeprof.collectors.torch import ProfiledLoader
-    from pipeprof.session import Session
+    from pipeprof.collect.torch.loader import ProfiledLoader
+    from pipeprof.core.session import Session
 
     t0 = clock()
     session = Session(framework="torch", mode="loader")

@@ -3,7 +3,7 @@
 Measures, in the current process:
 
   (a) ``Recorder.open`` + ``Recorder.close``: the primitive behind every stage;
-  (b) ``pipeprof.recorder.timed_call`` around a no-op, minus calling the no-op directly (what a
+  (b) ``pipeprof.core.recorder.timed_call`` around a no-op, minus calling the no-op directly (what a
       transform, ``collate`` or a ``Timed`` wrapper pays), also disabled (no profile active);
   (c) ``with pipeprof.stage(name):`` around nothing, enabled and disabled;
   (d) ``Recorder.drain`` (the aggregation into ``Stat``s a worker runs once per batch), amortised
@@ -37,9 +37,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pipeprof
-from pipeprof import recorder as recmod
-from pipeprof.recorder import Recorder, measure_overhead, timed_call
-from pipeprof.session import Session
+from pipeprof.core import recorder as recmod
+from pipeprof.core.recorder import Recorder, measure_overhead, timed_call
+from pipeprof.core.session import Session
 
 clock = time.perf_counter_ns
 
@@ -70,7 +70,7 @@ ENABLED = {"open_close", "timed_call", "timed_wrapper", "stage"}
 
 
 def _hot_namespace() -> dict[str, Any]:
-    from pipeprof.collectors.torch_transforms import Timed
+    from pipeprof.collect.torch.dataset import Timed
 
     rec = Recorder()
     rec.enabled = True

@@ -5,7 +5,7 @@
 
 Every prediction comes from ``pipeprof.bench`` on a fixed sample set: each stage timed on its own
 (wall and CPU time), the batch hand-over, the cores. It is then checked against a real DataLoader
-over the same samples, run by ``pipeprof.scaling.run_loader`` (steady samples/s after every
+over the same samples, run by ``pipeprof.bench.scaling.run_loader`` (steady samples/s after every
 worker's first batch). Pipelines:
 
   cpu      two busy-loop steps, 2 + 1 ms per sample                (CPU-bound)
@@ -50,8 +50,8 @@ from typing import Any
 import torch
 
 import pipeprof
-from pipeprof import whatif
-from pipeprof.scaling import Cycled, run_loader
+from pipeprof.analyze import whatif
+from pipeprof.bench.scaling import Cycled, run_loader
 
 
 def spin(ms: float) -> None:

@@ -5,15 +5,13 @@
 
 from __future__ import annotations
 
-from pipeprof.benchmark import Bench, bench
-from pipeprof.loop import Profiler
-from pipeprof.profiler import load, profile
-from pipeprof.recorder import stage
-from pipeprof.report import Report
-from pipeprof.session import Session
-from pipeprof.timer import Timer
-
-__version__ = "0.1.0"
+from pipeprof.bench.bench import Bench, bench
+from pipeprof.collect.timer import Timer
+from pipeprof.core.recorder import stage
+from pipeprof.core.session import Session
+from pipeprof.profiler import Profiler, profile
+from pipeprof.report import Comparison, Report, compare, load
+from pipeprof.version import __version__
 
 
 def __getattr__(name: str) -> object:
@@ -33,6 +31,6 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "Bench", "Profiler", "Report", "Session", "Timer", "__version__", "bench", "load", "profile",
-    "stage",
+    "Bench", "Comparison", "Profiler", "Report", "Session", "Timer", "__version__", "bench",
+    "compare", "load", "profile", "stage",
 ]  # fmt: skip

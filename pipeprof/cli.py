@@ -11,15 +11,17 @@ from pathlib import Path
 
 from rich.console import Console
 
-import pipeprof
-from pipeprof.renderers import FORMATS, format_for
+from pipeprof.bench.bench import Bench, bench
+from pipeprof.render import FORMATS, format_for
+from pipeprof.report import Report
+from pipeprof.version import __version__
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pipeprof", description="Find the bottleneck in deep-learning input pipelines."
     )
-    p.add_argument("--version", action="version", version=f"pipeprof {pipeprof.__version__}")
+    p.add_argument("--version", action="version", version=f"pipeprof {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser(
         "demo",
@@ -143,7 +145,7 @@ def _device(name: str | None) -> str:
     """``--device``, checked before anything runs; by default cuda where available, else cpu."""
     import torch
 
-    from pipeprof.collectors.torch import check_device
+    from pipeprof.collect.torch.loader import check_device
 
     if name is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -171,7 +173,7 @@ def _write(text: str, output: str | None) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     fmt = _format(args)
-    report = pipeprof.load(args.file)
+    report = Report.load(args.file)
     if fmt == "text" and not args.output:
         Console().print(report)
         return 0
@@ -179,7 +181,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from pipeprof.compare import compare
+    from pipeprof.report import compare
 
     fmt = _format(args)
     if fmt not in ("text", "json", "html"):
@@ -192,17 +194,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipeprof.benchview import with_lines
-    from pipeprof.sources import resolve
+    from pipeprof.bench.sources import resolve
+    from pipeprof.render.bench import with_lines
 
     source, transforms = resolve(args.target)
     try:
-        b = pipeprof.bench(
+        b = bench(
             source, transforms, workers=args.workers, samples=args.samples,
             repeat=args.repeat, batch_size=args.batch_size, seed=args.seed,
         )  # fmt: skip
         asked = []
-        if not isinstance(b, pipeprof.Bench) or b.delivered:  # else a note says: no predictions
+        if not isinstance(b, Bench) or b.delivered:  # else a note says: no predictions
             asked = [b.predict(workers=k, compute_rate=args.compute_rate) for k in args.predict]
             if args.compute_rate is not None and not asked:
                 asked = [b.predict(compute_rate=args.compute_rate)]

@@ -78,13 +78,13 @@ def train(loader: Any, device: str, batches: int | None = None, sample_hz: float
     the training early: the Report covers what was measured (``report["interrupted"]``)."""
     import torch
 
-    import pipeprof
+    from pipeprof.profiler import Profiler
 
     model = tiny_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
     # On the CPU there is no copy to time; on a GPU pipeprof moves each batch (transfer/h2d).
-    prof = pipeprof.Profiler(device=None if device == "cpu" else device, sample_hz=sample_hz)
+    prof = Profiler(device=None if device == "cpu" else device, sample_hz=sample_hz)
     try:
         with prof:
             for i, (images, labels) in enumerate(prof.wrap(loader)):

@@ -20,13 +20,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeprof.collectors import tf_graph, tf_trace
-from pipeprof.collectors.tf_capture import Capture
-from pipeprof.collectors.tfdata import import_tf, leading_dim, merge_trace
-from pipeprof.loop import _empty_loop
-from pipeprof.recorder import clock, measure_overhead
+from pipeprof.collect.loop import StepLog
+from pipeprof.collect.tf import graph as tf_graph
+from pipeprof.collect.tf import trace as tf_trace
+from pipeprof.collect.tf.capture import Capture
+from pipeprof.collect.tf.dataset import import_tf, merge_trace
+from pipeprof.core.batch import batch_size
+from pipeprof.core.recorder import clock, measure_overhead
+from pipeprof.core.session import Session
 from pipeprof.report import Report
-from pipeprof.session import Session
 
 try:
     import keras as _keras
@@ -77,7 +79,7 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
     def on_train_begin(self, logs: Any = None) -> None:
         s = self.session
         s.overhead_ns = measure_overhead()
-        s.loop = _empty_loop()
+        self._log = StepLog(s)
         if self.dataset is not None:
             self._pipeline = tf_graph.describe(self.dataset)
         s.meta.update(self._describe())
@@ -195,8 +197,8 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             self._restore(saved)
         times.sort()
         compute = times[len(times) // 2]
-        samples = sum(leading_dim(b) for b in batches) / len(batches)
-        self.session.loop["replay"] = {
+        samples = sum(batch_size(b) for b in batches) / len(batches)
+        self._log.record.replay = {
             "batches": len(batches),
             "repeats": 3,
             "compute_ms": round(compute / 1e6, 6),
@@ -227,7 +229,7 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
     # ---- the session ------------------------------------------------------------------------
 
     def _finish(self) -> None:
-        s, loop = self.session, self.session.loop
+        s, log = self.session, self._log
         steps = self._steps
         if not steps:
             s.notes.append(
@@ -250,9 +252,10 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             overhead = max(0, after - end) if after else 0
             compute = max(0, step - wait)
             self._add_step(begin, wait, compute, overhead, bool(first), per, execution)
+        log.fold()
         s.start_ns = steps[0][0]
         s.end_ns = max(steps[-1][1], steps[-1][3])
-        loop["epochs"] = max(1, len({i for i, st in enumerate(steps) if st[2]}))
+        log.record.epochs = max(1, len({i for i, st in enumerate(steps) if st[2]}))
         s.meta.setdefault("keras", {}).update(
             {
                 "traced_steps": len(steps),
@@ -272,25 +275,12 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
     ) -> None:
         """One step as Keras' hooks see it: ``n`` batches (``steps_per_execution``), ``per``
         samples."""
-        s, loop = self.session, self.session.loop
-        part = loop["first" if first else "steady"]
-        for key, value in (
-            ("wait", wait),
-            ("transfer", 0),
-            ("user_transfer", 0),
-            ("compute", compute),
-            ("overhead", overhead),
-            ("step", wait + compute + overhead),
-        ):
-            part[key].add(value)
-        if first and loop["startup_ns"] is None:
-            loop["startup_ns"] = wait
+        s = self.session
+        self._log.add(begin, wait, compute, overhead, first)
         if first and s.first_batch_ns is None:
             s.first_batch_ns = wait
         elif not first:
             s.wait.add(wait)
-        loop["steps"] += 1
-        loop["step_ring"].append([begin, wait, 0, compute, int(first)])
         s.batch_ring.append((s.batches, "main", begin + wait, wait, per, 0))
         s.spans.append(("main", "keras.train_step/wait", begin, wait))
         s.batches += n

@@ -22,8 +22,8 @@ from typing import Any, NoReturn
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-import pipeprof
-from pipeprof.renderers import format_for
+from pipeprof.profiler import Profiler, profile
+from pipeprof.render import format_for
 from pipeprof.report import Report
 
 RESULT = "_pipeprof_report"  # the user-namespace name of the last report
@@ -102,7 +102,7 @@ class PipeprofMagics(Magics):
         if not expression:
             raise UsageError("%pipeprof needs a DataLoader: %pipeprof [-b BATCHES] loader")
         loader = self._shell.ev(expression)
-        return pipeprof.profile(loader, batches=args.batches, device=args.device)
+        return profile(loader, batches=args.batches, device=args.device)
 
     def _profile_cell(self, args: argparse.Namespace, rest: str, cell: str) -> Report:
         if rest:
@@ -111,7 +111,7 @@ class PipeprofMagics(Magics):
             )
         if not args.name.isidentifier():
             raise UsageError(f"-n {args.name!r} is not a Python name")
-        prof = pipeprof.Profiler(device=args.device, sample_hz=args.hz)
+        prof = Profiler(device=args.device, sample_hz=args.hz)
         self._shell.user_ns[args.name] = prof
         source = self._shell.transform_cell(cell)
         prof.start()
@@ -122,14 +122,14 @@ class PipeprofMagics(Magics):
             interrupted = True  # a long loop stopped by hand: report what was measured
         except BaseException:  # the cell's own error goes on as it is; what ran is kept
             prof.stop(interrupted=True)
-            if prof.session.loop.get("steps"):
+            if prof.session.loop and prof.session.loop.steps:
                 report = self._shell.user_ns[RESULT] = prof.report()
                 if args.output:
                     print(f"pipeprof: wrote {write(report, args.output)} (the cell raised)")
             raise
         finally:
             prof.stop(interrupted=interrupted)
-        if not prof.session.loop.get("steps"):
+        if not (prof.session.loop and prof.session.loop.steps):
             raise UsageError(
                 f"the cell never iterated {args.name}.wrap(...): write "
                 f"`for batch in {args.name}.wrap(loader):` so pipeprof sees the steps"

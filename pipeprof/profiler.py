@@ -1,13 +1,349 @@
-"""``pipeprof.profile``: iterate a data pipeline on its own and report where its time goes."""
+"""The public entry points of collection: ``Profiler`` for a training loop, ``profile`` for a
+data pipeline on its own, ``load`` for a saved report. Each collects into a Session and hands
+it to a Report (collect → Session → analyze → Report → render; docs/architecture.md)."""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeprof.recorder import clock, measure_overhead
+from pipeprof.collect.loop import GenericSource, StepLog, h2d_ns
+from pipeprof.collect.timer import Backend, Timer
+from pipeprof.core.batch import batch_size
+from pipeprof.core.detect import is_tf_dataset, is_torch_loader
+from pipeprof.core.recorder import clock, measure_overhead, recorder
+from pipeprof.core.session import Session
 from pipeprof.report import Report
-from pipeprof.session import Session
+
+
+class Wrapped:
+    """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) of the data."""
+
+    def __init__(self, profiler: Profiler, data: Any, source: Iterable[Any]) -> None:
+        self._profiler = profiler
+        self._data = data
+        self._source = source
+        self._moves = getattr(source, "h2d", None) is not None
+        self._it: Iterator[Any] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._profiler._steps(self._source, self._moves)
+
+    def __next__(self) -> Any:  # ``next(prof.wrap(it))`` on an iterator, as before
+        if self._it is None:
+            self._it = iter(self)
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return len(self._data)  # the data's own TypeError when it has no length
+
+
+class Profiler:
+    """Profiles a training loop: wrap its data, mark regions, get a Report.
+
+    >>> prof = pipeprof.Profiler(device="cuda")
+    >>> with prof:
+    ...     for batch in prof.wrap(loader):        # the same batches as the plain loader
+    ...         with prof.region("Forward"): ...
+    >>> prof.report()
+
+    ``device`` moves each batch there (timed as ``transfer/h2d``). ``sample_hz`` is the NVML and
+    host sampling rate (0 turns sampling off); ``gpus`` the NVML indices to sample (default: the
+    device's). ``stream`` names a file the session is saved to every ``flush_s`` seconds while the
+    loop runs and at the end, so a crash loses at most that interval. ``replay`` keeps that many
+    batches for ``Profiler.replay`` (compute-only baseline).
+    """
+
+    def __init__(
+        self,
+        device: Any = None,
+        *,
+        sample_hz: float = 10.0,
+        gpus: list[int] | None = None,
+        stream: str | None = None,
+        flush_s: float = 10.0,
+        replay: int = 0,
+        timer: Backend = "auto",
+        nvml: Any = None,
+        event_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        if isinstance(sample_hz, bool) or not isinstance(sample_hz, (int, float)) or sample_hz < 0:
+            raise ValueError(
+                f"sample_hz must be a number >= 0 (samples per second; 0 turns the GPU and host "
+                f"samplers off), got {sample_hz!r}"
+            )
+        if isinstance(replay, bool) or not isinstance(replay, int) or replay < 0:
+            raise ValueError(
+                f"replay must be a whole number of batches >= 0 to keep for Profiler.replay(), "
+                f"got {replay!r}"
+            )
+        self.device = device
+        self.sample_hz = sample_hz
+        self.gpus = gpus
+        self.stream = stream
+        self.flush_s = flush_s
+        self.replay_batches = replay
+        self._nvml_module = nvml
+        self.session = Session(mode="loop")
+        self._steps_log = StepLog(self.session)
+        self.timer = Timer(backend=timer, sink=self._steps_log.region, event_factory=event_factory)
+        self._samplers: list[Any] = []
+        self._nvml: Any = None
+        self._running = False
+        self._last_flush = 0.0
+        self._cached: list[Any] = []
+        self._twins: list[tuple[Any, Any]] = []
+        self._gpu_events: list[tuple[Any, Any]] = []
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Profiler:
+        if self._running:
+            raise RuntimeError("this Profiler is already running")
+        if self.session.start_ns:
+            raise RuntimeError(
+                "this Profiler has already profiled a run and stopped: one Profiler covers one "
+                "continuous run (put every epoch inside one `with prof:`), or create a new "
+                "pipeprof.Profiler() for another run"
+            )
+        s = self.session
+        s.overhead_ns = measure_overhead()
+        s.start_ns = clock()
+        self._last_flush = time.monotonic()
+        self._running = True
+        if self.sample_hz:
+            from pipeprof.collect.samplers import HostSampler
+
+            self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        return self
+
+    def stop(self, interrupted: bool = False) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self.timer.flush()
+        self._resolve_gpu(block=True)
+        self._steps_log.fold()
+        s = self.session
+        s.end_ns = clock()
+        s.interrupted = s.interrupted or interrupted
+        for sampler in self._samplers:
+            sampler.stop()
+        self._collect_samplers()
+        self._twins.clear()  # lets persistent workers of the profiled twins shut down
+        rec = recorder()
+        if rec.raw:
+            s.merge(rec.drain())
+        if self.stream:
+            s.save(self.stream)
+
+    def __enter__(self) -> Profiler:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop(interrupted=exc_type is not None)  # the exception itself propagates
+
+    def report(self) -> Report:
+        """The Report so far (works during, after, and after an exception in the loop)."""
+        self._steps_log.fold()
+        if self._running:
+            self._collect_samplers()
+            self.session.end_ns = clock()
+        return Report(self.session)
+
+    # ---- regions --------------------------------------------------------------------------
+
+    def region(self, key: str) -> Any:
+        """A timed region (``Forward``, ``Backward``, ``Comm``, ``IO``, ``Other``, any name)."""
+        return self.timer.region(key)
+
+    # ---- the data ---------------------------------------------------------------------------
+
+    def wrap(self, data: Iterable[Any], device: Any = None) -> Wrapped:
+        """Iterate ``data`` (a DataLoader, a tf.data.Dataset or any iterable) and time each step.
+
+        Like a DataLoader, the result can be iterated again (each pass is an epoch) and has the
+        ``len()`` of ``data``.
+        """
+        device = device if device is not None else self.device
+        started = not self._running
+        if started:
+            self.start()
+        try:
+            source = self._source(data, device)
+        except BaseException:
+            if started:  # bad input: no sampler left running for a loop that never starts
+                self.stop()
+            raise
+        return Wrapped(self, data, source)
+
+    def _source(self, data: Any, device: Any) -> Iterable[Any]:
+        if is_torch_loader(data):
+            from pipeprof.collect.torch.loader import ProfiledLoader
+
+            # One twin per loader, so persistent workers persist across epochs.
+            for loader, twin in self._twins:
+                if loader is data:
+                    return twin  # type: ignore[no-any-return]
+            twin = ProfiledLoader(data, self.session, device)
+            self._twins.append((data, twin))
+            return twin
+        if is_tf_dataset(data):
+            from pipeprof.collect.tf.dataset import ProfiledDataset
+
+            self.session.framework = "tf"
+            return ProfiledDataset(data, self.session, device)  # type: ignore[no-any-return]
+        if not hasattr(data, "__iter__"):
+            raise TypeError(
+                f"Profiler.wrap() needs an iterable of batches, got {type(data).__name__}"
+            )
+        return GenericSource(data, self.session)
+
+    def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
+        s, log = self.session, self._steps_log
+        log.record.epochs += 1
+        rec = recorder()
+        it = iter(source)
+        warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
+        handed = 0  # when the last batch went to the user (0: none yet)
+        gpu_start: Any = None
+        try:
+            while True:
+                t_req = clock()
+                if handed:
+                    gpu_start = self._gpu_mark(gpu_start, end=True)
+                    log.end(handed, t_req)
+                h2d_before = h2d_ns(rec, s)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    handed = 0
+                    return
+                t_got = clock()
+                transfer = (h2d_ns(rec, s) - h2d_before) if moves else 0
+                wait = t_got - t_req - transfer
+                log.begin(t_req, wait, transfer, warmup > 0)
+                warmup -= 1
+                if len(self._cached) < self.replay_batches:
+                    self._cached.append(batch)
+                handed = clock()
+                gpu_start = self._gpu_mark(None, end=False)
+                self._maybe_flush()
+                yield batch
+        finally:
+            if handed:
+                log.end(handed, clock())
+
+    # ---- GPU compute time (CUDA events) ------------------------------------------------------
+
+    def _gpu_mark(self, start: Any, end: bool) -> Any:
+        if self.timer.backend != "cuda":
+            return None
+        event = self.timer._factory()
+        event.record()
+        if end and start is not None:
+            self._gpu_events.append((start, event))
+            if len(self._gpu_events) >= 64:
+                self._resolve_gpu(block=False)
+            return None
+        return event
+
+    def _resolve_gpu(self, block: bool) -> None:
+        keep = []
+        for start, end in self._gpu_events:
+            if block or end.query():
+                if block:
+                    end.synchronize()
+                self._steps_log.record.gpu_compute.add(int(start.elapsed_time(end) * 1e6))
+            else:
+                keep.append((start, end))
+        self._gpu_events = keep
+
+    # ---- samplers and streaming --------------------------------------------------------------
+
+    def _maybe_start_nvml(self) -> None:
+        if self._nvml is not None or not self.sample_hz or not self._running:
+            return
+        from pipeprof.collect.samplers import NvmlSampler
+
+        self._nvml = NvmlSampler(
+            hz=self.sample_hz, gpus=self._gpu_indices(), nvml=self._nvml_module
+        )
+        self._samplers.append(self._nvml.start())
+
+    def _gpu_indices(self) -> list[int] | None:
+        if self.gpus is not None:
+            return list(self.gpus)
+        dev = str(self.device or "")
+        if dev.startswith("cuda:"):
+            return [int(dev.split(":")[1])]
+        return None
+
+    def _collect_samplers(self) -> None:
+        from pipeprof.collect.samplers import HostSampler, NvmlSampler
+
+        for sampler in self._samplers:
+            if isinstance(sampler, NvmlSampler):
+                self.session.gpu = sampler.to_dict()
+            elif isinstance(sampler, HostSampler):
+                self.session.host = sampler.to_dict()
+
+    def _maybe_flush(self) -> None:
+        # NVML starts once the first batch is in: DataLoader workers have forked by then.
+        self._maybe_start_nvml()
+        if not self.stream or time.monotonic() - self._last_flush < self.flush_s:
+            return
+        self._last_flush = time.monotonic()
+        s = self.session
+        s.end_ns = clock()
+        self._steps_log.fold()
+        self._collect_samplers()
+        # a snapshot of a loop still running: if the process dies now, the file says partial
+        was, s.interrupted = s.interrupted, True
+        try:
+            s.save(self.stream)
+        finally:
+            s.interrupted = was
+
+    # ---- replay baseline ----------------------------------------------------------------------
+
+    def replay(self, step: Callable[[Any], Any], repeats: int = 3) -> dict[str, Any]:
+        """Run ``step(batch)`` on the cached batches (``Profiler(replay=N)``): compute alone.
+
+        ``step`` must not change your training: build it on a copy of the model and optimizer,
+        or leave out ``optimizer.step()``. Returns and stores compute-only samples/s.
+        """
+        if not self._cached:
+            raise RuntimeError(
+                "no cached batches: create the Profiler with replay=N (e.g. 8) "
+                "and iterate prof.wrap(loader) first"
+            )
+        samples = sum(batch_size(b) for b in self._cached)
+        step(self._cached[0])  # warm-up
+        _sync()
+        times = []
+        for _ in range(repeats):
+            t0 = clock()
+            for b in self._cached:
+                step(b)
+            _sync()
+            times.append(clock() - t0)
+        best = sorted(times)[len(times) // 2]
+        result = {
+            "batches": len(self._cached),
+            "repeats": repeats,
+            "compute_samples_per_s": round(samples / (best / 1e9), 3),
+        }
+        self._steps_log.record.replay = result
+        return result
+
+
+def _sync() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _check_batches(batches: int | None) -> None:
@@ -19,17 +355,7 @@ def _check_batches(batches: int | None) -> None:
         raise ValueError(f"batches must be at least 1, got {batches}; use None for a whole epoch")
 
 
-def _is_torch_loader(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.utils.data.DataLoader)
-
-
-def _is_tf_dataset(obj: Any) -> bool:
-    tf = sys.modules.get("tensorflow")  # never imported here: only a tf.data object brings it
-    return tf is not None and isinstance(obj, tf.data.Dataset)
-
-
-def profile(loader: Any, batches: int | None = None, device: Any = None) -> Report:
+def profile(loader: Any, *, batches: int | None = None, device: Any = None) -> Report:
     """Iterate ``loader`` for ``batches`` batches (None: one epoch) and report its stages.
 
     ``loader`` is a ``torch.utils.data.DataLoader`` or a ``tf.data.Dataset`` (one batch is one
@@ -40,18 +366,18 @@ def profile(loader: Any, batches: int | None = None, device: Any = None) -> Repo
     report of what was measured (``report["interrupted"]`` is True).
     """
     _check_batches(batches)
-    if _is_tf_dataset(loader):  # a tf.data.Dataset: traced with TensorFlow's profiler
-        from pipeprof.collectors.tfdata import profile_dataset
+    if is_tf_dataset(loader):  # a tf.data.Dataset: traced with TensorFlow's profiler
+        from pipeprof.collect.tf.dataset import profile_dataset
 
-        return profile_dataset(loader, batches, device)
-    if not _is_torch_loader(loader):
+        return Report(profile_dataset(loader, batches, device))
+    if not is_torch_loader(loader):
         raise TypeError(
             f"pipeprof.profile() needs a torch.utils.data.DataLoader (or a tf.data.Dataset), got "
             f"{type(loader).__name__}; "
             "wrap a dataset first: DataLoader(dataset, batch_size=..., num_workers=...)"
         )
     _check_not_empty(loader)
-    from pipeprof.collectors.torch import ProfiledLoader
+    from pipeprof.collect.torch.loader import ProfiledLoader
 
     session = Session(framework="torch", mode="loader")
     session.overhead_ns = measure_overhead()
@@ -92,8 +418,3 @@ def _len(dataset: Any) -> str:
         return str(len(dataset))
     except TypeError:
         return "unknown"
-
-
-def load(path: Any) -> Report:
-    """Load a report saved with ``Report.save`` (or a raw session file)."""
-    return Report.load(path)

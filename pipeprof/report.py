@@ -1,20 +1,24 @@
-"""The Report: what a profile found, ready to show, save and compare."""
+"""The Report (what a profile found) and the Comparison (two profiles side by side).
+
+Both are result objects (render/result.py): they render, save and show themselves in a terminal
+and in Jupyter the same way as ``Bench`` and ``TFBench``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeprof.analysis import analyze
-from pipeprof.session import Session, read_file
+from pipeprof.analyze import analyze
+from pipeprof.analyze.compare import compare_dicts
+from pipeprof.core.session import Session, read_file
+from pipeprof.render.result import Result, write_atomic
 
-if TYPE_CHECKING:
-    from pipeprof.compare import Comparison
 
-
-class Report:
+class Report(Result):
     """Analysed results of a profile (schema ``pipeprof/1``).
 
     Shows itself as a rich summary in a terminal (``print(report)`` or just ``report`` in a REPL
@@ -31,13 +35,8 @@ class Report:
     def load(cls, path: str | os.PathLike[str]) -> Report:
         return cls(read_file(path))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The report as plain data (a deep copy: changing it changes nothing here)."""
-        data: dict[str, Any] = json.loads(json.dumps(self._data))
-        return data
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
+    def _data_dict(self) -> dict[str, Any]:
+        return self._data
 
     @property
     def verdict(self) -> dict[str, Any]:
@@ -49,44 +48,23 @@ class Report:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the report and its raw session as one JSON file; returns the path."""
-        target = Path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps({**self._data, "session": self.session.to_dict()}))
-        os.replace(tmp, target)
-        return target
+        return write_atomic(path, json.dumps({**self._data, "session": self.session.to_dict()}))
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        from pipeprof.renderers import get_renderer
+        """``text`` (rich summary), ``json``, ``html`` or ``chrome`` (a Perfetto trace)."""
+        from pipeprof.render import get_renderer
 
         return get_renderer(fmt, **options).render(self)
 
-    def write_html(self, path: str | os.PathLike[str]) -> Path:
-        """Write the self-contained HTML report (works offline)."""
-        target = Path(path)
-        target.write_text(self.render("html"), encoding="utf-8")
-        return target
+    def _renderables(self) -> Iterable[Any]:
+        from pipeprof.render.text import summary
+
+        return summary(self._data)
 
     def compare(self, other: Report) -> Comparison:
         """This report (before) against ``other`` (after): per stage, for the loop, and how the
         verdict changed. The Comparison shows itself like a Report; ``to_dict()`` gives data."""
-        from pipeprof.compare import compare
-
         return compare(self, other)
-
-    # ---- display --------------------------------------------------------------------------
-
-    def __rich_console__(self, console: Any, options: Any) -> Any:
-        from pipeprof.renderers.text import summary
-
-        yield from summary(self._data)
-
-    def _repr_html_(self) -> str:
-        from pipeprof.renderers.html import HTMLRenderer
-
-        return HTMLRenderer(fragment=True).render(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {"text/html": self._repr_html_(), "text/plain": self.render("text", width=100)}
 
     def __repr__(self) -> str:
         v = self._data["verdict"]
@@ -95,5 +73,74 @@ class Report:
             f"{v['kind']}, stage={v.get('stage')}>"
         )
 
-    def __str__(self) -> str:
-        return self.render("text")
+
+class Comparison(Result):
+    """Two profiles side by side (schema ``pipeprof-compare/1``; analyze/compare.py says what
+    each figure means); shows itself in a terminal and in Jupyter like a Report."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def _data_dict(self) -> dict[str, Any]:
+        return self._data
+
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """``text`` (80 columns), ``json`` or ``html``."""
+        from pipeprof.render.comparison import render
+
+        return render(self._data, fmt, **options)
+
+    def _renderables(self) -> Iterable[Any]:
+        from pipeprof.render.comparison import summary
+
+        return summary(self._data)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/html": self._repr_html_(), "text/plain": self.render("text")}
+
+    def __repr__(self) -> str:
+        v = self._data["verdict"]
+        return f"<pipeprof.Comparison {v['before']['kind']} → {v['after']['kind']}>"
+
+
+Source = Report | dict[str, Any] | str | os.PathLike[str]
+
+
+def compare(before: Source, after: Source, labels: tuple[str, str] | None = None) -> Comparison:
+    """Compare two profiles: Reports, report dictionaries or files saved by ``report.save`` (or
+    written as plain report JSON)."""
+    b, name_b = _as_dict(before)
+    a, name_a = _as_dict(after)
+    if labels is None:
+        labels = (name_b or "before", name_a or "after")
+        if labels[0] == labels[1]:
+            labels = (f"before ({labels[0]})", f"after ({labels[1]})")
+    return Comparison(compare_dicts(b, a, labels))
+
+
+def load(path: str | os.PathLike[str]) -> Report:
+    """Load a report saved with ``Report.save`` (or a raw session file)."""
+    return Report.load(path)
+
+
+def _as_dict(source: Source) -> tuple[dict[str, Any], str | None]:
+    if isinstance(source, dict):
+        return source, None
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            return Report.load(source).to_dict(), Path(source).name
+        except ValueError:  # a report written without its session (`--format json`) compares
+            data = _report_json(Path(source))  # as well: a comparison reads only the report
+            if data is None:
+                raise
+            return data, Path(source).name
+    return source.to_dict(), None
+
+
+def _report_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and str(data.get("schema", "")).startswith("pipeprof/")
+    return data if ok and "stages" in data else None

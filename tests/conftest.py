@@ -8,7 +8,7 @@ import pytest
 # importing it first keeps any selection of tests (-k, single files) safe.
 import torchvision  # noqa: F401
 
-from pipeprof.recorder import recorder
+from pipeprof.core.recorder import recorder
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeprof.session import Session, WorkerRecord
-from pipeprof.stats import Stat
+from pipeprof.core.session import Session, WorkerRecord
+from pipeprof.core.stats import Stat
 
 GOLDEN = Path(__file__).parent / "golden"
 START = 5_000_000_000_000  # ns: the profile's start on the shared perf_counter clock

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 import pipeprof
+from pipeprof.bench.sources import resolve
 from pipeprof.cli import main
-from pipeprof.sources import resolve
 
 
 class Spin:

@@ -12,7 +12,8 @@ import pytest
 from golden_reports import GOLDEN, assert_golden, loop_case
 
 import pipeprof
-from pipeprof.compare import Comparison, compare, delta
+from pipeprof.analyze.compare import delta
+from pipeprof.report import Comparison, compare
 
 BIN = Path(sys.executable).with_name("pipeprof")
 

@@ -23,8 +23,8 @@ import pytest
 from golden_reports import GOLDEN, loop_case
 
 import pipeprof
-from pipeprof.compare import compare
-from pipeprof.renderers.html import HTMLRenderer
+from pipeprof.analyze.compare import compare
+from pipeprof.render.html import HTMLRenderer
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 FLAGS = [

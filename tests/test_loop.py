@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 
 import pipeprof
-from pipeprof.loop import batch_size
+from pipeprof.core.batch import batch_size
 
 
 def run_loop(loader, compute_ms: float, **kwargs):

@@ -3,8 +3,8 @@
 import pytest
 
 import pipeprof
-from pipeprof import recorder as recmod
-from pipeprof.recorder import recorder, timed_call
+from pipeprof.core import recorder as recmod
+from pipeprof.core.recorder import recorder, timed_call
 
 
 class FakeClock:

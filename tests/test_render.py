@@ -18,12 +18,12 @@ from golden_reports import GOLDEN, assert_golden, loop_case
 from rich.console import Console
 
 import pipeprof
-from pipeprof.renderers import FORMATS, format_for, get_renderer
-from pipeprof.renderers.chrome import build_trace
-from pipeprof.renderers.figures import num
-from pipeprof.renderers.html import HTMLRenderer
-from pipeprof.renderers.jsonrenderer import JSONRenderer
-from pipeprof.renderers.text import TextRenderer, summary
+from pipeprof.render import FORMATS, format_for, get_renderer
+from pipeprof.render.chrome import build_trace
+from pipeprof.render.figures import num
+from pipeprof.render.html import HTMLRenderer
+from pipeprof.render.jsonrenderer import JSONRenderer
+from pipeprof.render.text import TextRenderer, summary
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ANSI_COLOR = re.compile(r"\x1b\[(?:\d+;)*(?:3\d|9\d|38;)")  # a foreground colour escape

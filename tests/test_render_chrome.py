@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 
 import pipeprof
-from pipeprof.renderers.chrome import EPS_US, assign_lanes, build_trace, inclusive_durations
+from pipeprof.render.chrome import EPS_US, assign_lanes, build_trace, inclusive_durations
 
 META = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
 BIN = Path(sys.executable).with_name("pipeprof")

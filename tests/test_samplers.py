@@ -17,7 +17,7 @@ import psutil
 import pytest
 from fake_nvml import FakeGpu, FakeNvml, NVMLError_Unknown
 
-from pipeprof.samplers import (
+from pipeprof.collect.samplers import (
     NA,
     HostSampler,
     NaType,
@@ -294,7 +294,7 @@ def test_nvml_refuses_inside_a_child_process() -> None:
 def test_importing_samplers_loads_no_hardware_library() -> None:
     code = (
         "import sys, pipeprof; had = 'psutil' in sys.modules\n"
-        "import pipeprof.samplers, pipeprof.samplers.nvml, pipeprof.samplers.host\n"
+        "import pipeprof.collect.samplers.nvml, pipeprof.collect.samplers.host\n"
         "assert 'pynvml' not in sys.modules, 'pynvml imported'\n"
         "assert ('psutil' in sys.modules) == had, 'psutil imported'\n"
     )

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from pipeprof.stats import Stat, bucket_bounds, bucket_of
+from pipeprof.core.stats import Stat, bucket_bounds, bucket_of
 
 
 def test_every_value_falls_in_its_bucket():

@@ -11,11 +11,12 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import pipeprof  # noqa: E402
 from pipeprof.collectors import tf_graph  # noqa: E402
-from pipeprof.collectors.tf_findings import TF_RULES  # noqa: E402
-from pipeprof.collectors.tfdata import ProfiledDataset  # noqa: E402
-from pipeprof.session import Session  # noqa: E402
+
+import pipeprof  # noqa: E402
+from pipeprof.analyze.tf_rules import TF_RULES  # noqa: E402
+from pipeprof.collect.tf.dataset import ProfiledDataset  # noqa: E402
+from pipeprof.core.session import Session  # noqa: E402
 
 TRUTH: dict[str, list[int]] = {}
 

@@ -1,4 +1,4 @@
-"""Tests for ``pipeprof.timer``: exact durations with a fake clock, a fake CUDA event at the
+"""Tests for ``pipeprof.collect.timer``: exact durations with a fake clock, a fake CUDA event at the
 hardware boundary (this CI has no GPU), and the no-torch-on-import promise."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from pipeprof.stats import Stat
-from pipeprof.timer import BATCH, DEFAULT_KEYS, FORWARD, Timer
+from pipeprof.collect.timer import BATCH, DEFAULT_KEYS, FORWARD, Timer
+from pipeprof.core.stats import Stat
 
 MS = 1_000_000  # nanoseconds per millisecond
 
@@ -391,6 +391,6 @@ def test_real_clock_measures_something() -> None:
 
 
 def test_import_does_not_import_torch() -> None:
-    code = "import pipeprof.timer, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import pipeprof.collect.timer, sys; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 
 import pipeprof
-from pipeprof.collectors.torch import ProfiledLoader
-from pipeprof.session import Session
+from pipeprof.collect.torch.loader import ProfiledLoader
+from pipeprof.core.session import Session
 
 CONTEXTS = ["fork", "spawn"]
 

@@ -1,4 +1,4 @@
-"""The what-if model (pipeprof.whatif): exact figures on hand-made costs, and the Report's list."""
+"""The what-if model (analyze/whatif.py): exact figures on hand-made costs; the Report's list."""
 
 import math
 import os
@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 
 import pipeprof
-from pipeprof.whatif import (
+from pipeprof.analyze.whatif import (
     Model,
     Prediction,
     StageCost,

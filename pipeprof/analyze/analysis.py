@@ -1,0 +1,85 @@
+"""``analyze``: the pure function from a Session to the report dictionary (schema ``pipeprof/1``).
+
+Nothing here prints, draws or reads a clock: the same Session always gives the same report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeprof.analyze.finding import Finding, pipeline_facts
+from pipeprof.analyze.loop import loop_section, timeline
+from pipeprof.analyze.rules import RULES
+from pipeprof.analyze.scenarios import report_what_if
+from pipeprof.analyze.stages import overhead, stage_table, throughput, worker_table
+from pipeprof.analyze.verdict import empty_verdict, loader_verdict, loop_verdict
+from pipeprof.core.session import Session
+from pipeprof.core.stats import Stat, figures
+
+SCHEMA = "pipeprof/1"
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def analyze(session: Session) -> dict[str, Any]:
+    """The report dictionary for ``session`` (see DESIGN.md, the report contract)."""
+    stages = stage_table(session)
+    overall, steady = throughput(session)
+    workers = worker_table(session, session.wall_ns)
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "mode": session.mode,
+        "framework": session.framework,
+        "batches": session.batches,
+        "samples": session.samples,
+        "wall_s": round(session.wall_ns / 1e9, 9),
+        "throughput": overall,
+        "startup_s": round(session.first_batch_ns / 1e9, 9)
+        if session.first_batch_ns is not None
+        else None,
+        "steady": steady,
+        "latency": _latency(session.wait),
+        "stages": stages,
+        "loop": loop_section(session, session.samples / max(session.batches, 1)),
+        "workers": workers,
+        "gpu": session.gpu,
+        "host": session.host,
+        "meta": session.meta,
+        "notes": list(session.notes),
+        "interrupted": session.interrupted,
+        "overhead": overhead(session, stages),
+    }
+    if report["gpu"] is not None and report["loop"] is not None:
+        report["gpu"] = {
+            **report["gpu"],
+            "idle_while_waiting_fraction": report["loop"]["idle_while_waiting_fraction"],
+        }
+    report["timeline"] = timeline(session)
+    report["verdict"], report["findings"], report["what_if"] = assess(report)
+    return report
+
+
+def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Throughput at other worker counts, the ceiling, the workers that feed the measured
+    compute, the limiting stage 2× faster or cached: the model of analyze/whatif.py (estimates)."""
+    if report.get("framework") == "tf":  # tf.data runs in threads: worker counts do not apply
+        return []
+    return report_what_if(report, facts)
+
+
+def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[dict[str, Any]]]:
+    """Verdict, findings (most severe first) and what-if estimates for a report."""
+    facts = pipeline_facts(report)
+    loop = report.get("loop")
+    if not (loop.get("steps") if loop else report.get("batches")):
+        verdict = empty_verdict(report)
+    else:
+        verdict = loop_verdict(report, facts) if loop else loader_verdict(report, facts)
+    report["verdict"] = verdict  # rules read it
+    found = [f for rule in RULES if (f := rule(report, facts)) is not None]
+    found.sort(key=lambda f: SEVERITY_ORDER.get(f["severity"], 3))
+    return verdict, found, what_if(report, facts)
+
+
+def _latency(wait: Stat) -> dict[str, Any]:
+    """Time the consumer waited in next() per batch, after the first one."""
+    return figures(wait)

@@ -1,0 +1,189 @@
+"""Before/after: what a change to the pipeline bought, stage by stage and for the loop.
+
+``compare_dicts(before, after)`` compares two report dictionaries as plain data (schema
+``pipeprof-compare/1``); ``pipeprof.compare`` (report.py) wraps it in a ``Comparison`` that shows
+itself like a Report.
+Every figure is a *delta*: ``{before, after, change, ratio, improved}``, where ``change`` is
+``after - before``, ``ratio`` is ``after / before`` (None when before is 0 or n/a) and
+``improved`` says whether the change is for the better (None: unchanged within 2 %, or n/a).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeprof.analyze.stages import top_total, tree_order
+from pipeprof.analyze.verdict import loop_view
+from pipeprof.core.units import num, pct
+
+SCHEMA = "pipeprof-compare/1"
+SAME = 0.02  # relative changes below this count as unchanged
+
+
+def delta(before: Any, after: Any, higher_is_better: bool = False) -> dict[str, Any]:
+    """One figure before and after (see the module docstring)."""
+    out: dict[str, Any] = {
+        "before": before,
+        "after": after,
+        "change": None,
+        "ratio": None,
+        "improved": None,
+    }
+    if before is None or after is None:
+        return out
+    out["change"] = round(after - before, 9)
+    if before:
+        out["ratio"] = round(after / before, 6)
+    scale = max(abs(before), abs(after))
+    if scale and abs(after - before) / scale >= SAME:
+        out["improved"] = (after > before) == higher_is_better
+    return out
+
+
+def _loop(b: dict[str, Any] | None, a: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not b or not a:
+        return None
+    vb, va = loop_view(b), loop_view(a)
+    out = {
+        f"{k}_fraction": delta(vb.get(f"{k}_fraction"), va.get(f"{k}_fraction"))
+        for k in ("wait", "transfer", "compute", "overhead")
+    }
+    out["compute_fraction"]["improved"] = None  # a bigger compute share is a symptom, not a goal
+    sb, sa = b.get("step_ms") or {}, a.get("step_ms") or {}
+    out["step_mean_ms"] = delta(sb.get("mean_ms"), sa.get("mean_ms"))
+    out["step_p95_ms"] = delta(sb.get("p95_ms"), sa.get("p95_ms"))
+    tb, ta = b.get("throughput") or {}, a.get("throughput") or {}
+    out["samples_per_s"] = delta(
+        tb.get("effective_samples_per_s"), ta.get("effective_samples_per_s"), True
+    )
+    out["startup_s"] = delta(b.get("startup_s"), a.get("startup_s"))
+    out["gpu_idle_while_waiting_fraction"] = delta(
+        b.get("idle_while_waiting_fraction"), a.get("idle_while_waiting_fraction")
+    )
+    regions = list(dict.fromkeys([*(b.get("regions") or {}), *(a.get("regions") or {})]))
+    out["regions"] = {
+        r: delta(
+            ((b.get("regions") or {}).get(r) or {}).get("mean_ms"),
+            ((a.get("regions") or {}).get(r) or {}).get("mean_ms"),
+        )
+        for r in regions
+    }
+    return out
+
+
+def _stages(b: dict[str, Any], a: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    sb, sa = b.get("stages") or {}, a.get("stages") or {}
+    tb, ta = top_total(sb) or 1.0, top_total(sa) or 1.0
+    out = {}
+    for path in tree_order([*sb, *sa]):  # a stage new in one report sits under its parent
+        rb, ra = sb.get(path) or {}, sa.get(path) or {}
+        out[path] = {
+            "per_sample_ms": delta(rb.get("per_sample_ms"), ra.get("per_sample_ms")),
+            "per_batch_ms": delta(rb.get("per_batch_ms"), ra.get("per_batch_ms")),
+            "p95_ms": delta(rb.get("p95_ms"), ra.get("p95_ms")),
+            "share": delta(rb["total_s"] / tb if rb else None, ra["total_s"] / ta if ra else None),
+        }
+    return out
+
+
+def _verdict(v: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.get(k) for k in ("kind", "severity", "stage", "fraction", "headline")}
+
+
+def _findings(b: dict[str, Any], a: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    def key(f: dict[str, Any]) -> tuple[Any, Any]:
+        return f.get("id"), f.get("stage")
+
+    fb = {key(f): f for f in b.get("findings") or []}
+    fa = {key(f): f for f in a.get("findings") or []}
+    pick = ("id", "severity", "stage", "message")
+    return {
+        "resolved": [{k: f.get(k) for k in pick} for x, f in fb.items() if x not in fa],
+        "new": [{k: f.get(k) for k in pick} for x, f in fa.items() if x not in fb],
+        "remaining": [{k: f.get(k) for k in pick} for x, f in fa.items() if x in fb],
+    }
+
+
+def _gpu_util(data: dict[str, Any]) -> float | None:
+    devices = (data.get("gpu") or {}).get("devices") or []
+    utils = [d["util_mean"] for d in devices if d.get("util_mean") is not None]
+    return sum(utils) / len(utils) if utils else None
+
+
+def _overview(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
+    def rate(d: dict[str, Any]) -> Any:
+        return (d.get("steady") or {}).get("samples_per_s") or d["throughput"].get("samples_per_s")
+
+    mb, ma = b.get("meta") or {}, a.get("meta") or {}
+    return {
+        "samples_per_s": delta(
+            b["throughput"].get("samples_per_s"), a["throughput"].get("samples_per_s"), True
+        ),
+        "steady_samples_per_s": delta(rate(b), rate(a), True),
+        "startup_s": delta(b.get("startup_s"), a.get("startup_s")),
+        "wait_p50_ms": delta(
+            (b.get("latency") or {}).get("p50_ms"), (a.get("latency") or {}).get("p50_ms")
+        ),
+        "wait_p95_ms": delta(
+            (b.get("latency") or {}).get("p95_ms"), (a.get("latency") or {}).get("p95_ms")
+        ),
+        "gpu_util_mean": delta(_gpu_util(b), _gpu_util(a), True),
+        "cpu_util_mean": delta(
+            (b.get("host") or {}).get("cpu_util_mean"),
+            (a.get("host") or {}).get("cpu_util_mean"),
+            True,
+        ),
+        "num_workers": {"before": mb.get("num_workers"), "after": ma.get("num_workers")},
+    }
+
+
+def summary_lines(data: dict[str, Any]) -> list[str]:
+    """A few sentences: verdict, throughput, wait share, the stage that changed most."""
+    vb, va = data["verdict"]["before"], data["verdict"]["after"]
+    lines = [
+        f"verdict: {vb['kind']} → {va['kind']}"
+        if vb["kind"] != va["kind"]
+        else f"verdict: still {va['kind']}"
+    ]
+    loop = data.get("loop")
+    rate = loop["samples_per_s"] if loop else data["overview"]["steady_samples_per_s"]
+    if rate["before"] is not None and rate["after"] is not None:
+        times = f" (×{rate['ratio']:.2f})" if rate["ratio"] else ""
+        lines.append(f"throughput: {num(rate['before'])} → {num(rate['after'])} samples/s{times}")
+    if loop:
+        w = loop["wait_fraction"]
+        lines.append(f"waiting for data: {pct(w['before'])} → {pct(w['after'])} of step time")
+    moved = [
+        (abs(d["per_sample_ms"]["change"] or 0), p, d["per_sample_ms"])
+        for p, d in data["stages"].items()
+        if d["per_sample_ms"]["change"]  # None (a side is missing) or 0: nothing moved
+    ]
+    if moved:
+        _, path, d = max(moved)
+        lines.append(
+            f"biggest stage change: {path} {num(d['before'])} → {num(d['after'])} ms/sample"
+        )
+    return lines
+
+
+def compare_dicts(
+    before: dict[str, Any], after: dict[str, Any], labels: tuple[str, str] = ("before", "after")
+) -> dict[str, Any]:
+    """The comparison of two report dictionaries as plain data."""
+    vb, va = _verdict(before.get("verdict") or {}), _verdict(after.get("verdict") or {})
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "labels": {"before": labels[0], "after": labels[1]},
+        "modes": {"before": before.get("mode"), "after": after.get("mode")},
+        "verdict": {
+            "before": vb,
+            "after": va,
+            "changed": (vb["kind"], vb["stage"]) != (va["kind"], va["stage"]),
+        },
+        "overview": _overview(before, after),
+        "loop": _loop(before.get("loop"), after.get("loop")),
+        "stages": _stages(before, after),
+        "findings": _findings(before, after),
+    }
+    data["summary"] = summary_lines(data)
+    return data

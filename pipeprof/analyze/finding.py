@@ -1,0 +1,79 @@
+"""What every rule shares: the Finding record and the facts about the pipeline it reads.
+
+A finding carries the figures it rests on (``evidence``, units in the key names) and a fix with
+numbers (docs/findings.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+Finding = dict[str, Any]
+
+
+def finding(
+    fid: str, severity: str, stage: str | None, message: str, evidence: dict[str, Any], fix: str
+) -> Finding:
+    """One finding: ``severity`` is critical, warning or info; ``stage`` the path it is about."""
+    return {
+        "id": fid,
+        "severity": severity,
+        "stage": stage,
+        "message": message,
+        "evidence": evidence,
+        "fix": fix,
+    }
+
+
+def leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Where time is actually spent: stages with no children, and a timed parent's own time
+    outside its children (``load`` when only part of it is marked ``pipeprof.stage("read")``)."""
+    kids: dict[str, float] = {}
+    for path, row in stages.items():
+        if "/" in path:
+            parent = path.rsplit("/", 1)[0]
+            kids[parent] = kids.get(parent, 0.0) + row["total_s"]
+    out = {}
+    for path, row in stages.items():
+        if path not in kids:
+            out[path] = row
+        elif not row.get("derived"):  # timed itself: its children ran inside it
+            rest = row["total_s"] - kids[path]
+            if rest > 0.01 * row["total_s"]:
+                out[path] = {**row, "total_s": rest}
+    return out
+
+
+def pipeline_facts(report: dict[str, Any]) -> dict[str, Any]:
+    """Figures several rules share: worker rates, the limiting stage, cores."""
+    meta = report.get("meta", {})
+    workers = [w for w in report["workers"] if w["track"].startswith("worker")]
+    n_workers = int(meta.get("num_workers") or 0)
+    cores = int(
+        (report.get("host") or {}).get("cpu_count") or meta.get("cpu_count") or os.cpu_count() or 1
+    )
+    busy_s = sum(w["busy_s"] for w in report["workers"])
+    samples = sum(w["samples"] for w in report["workers"])
+    rate = samples / busy_s if busy_s else None  # samples per busy second of one process
+    parallel = max(1, len(workers)) if n_workers else 1
+    costs = {}
+    for path, row in leaves(report["stages"]).items():
+        in_workers = row["tracks"] and all(t.startswith("worker") for t in row["tracks"])
+        costs[path] = row["total_s"] / (parallel if in_workers else 1)
+    limiting = max(costs, key=lambda p: costs[p]) if costs else None
+    if meta.get("limiting_stage") in report["stages"]:  # the collector knows better (tf.data)
+        limiting = meta["limiting_stage"]
+    pipeline_s = sum(r["total_s"] for r in leaves(report["stages"]).values()) or None
+    return {
+        "n_workers": n_workers,
+        "cores": cores,
+        "rate": rate,
+        "limiting": limiting,
+        "costs": costs,
+        "pipeline_s": pipeline_s,
+        "workers": workers,
+        "busy_mean": (sum(w["busy_fraction"] or 0 for w in workers) / len(workers))
+        if workers
+        else None,
+    }

@@ -1,0 +1,174 @@
+"""Loop-mode analysis: a training loop's time split into wait, transfer, compute and overhead.
+
+Pure functions over the Session (see NOTE [ Step attribution ] in loop.py for how steps are cut).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeprof.core.series import mean_over_spans
+from pipeprof.core.session import Session
+from pipeprof.core.stats import Stat, figures
+
+TIMELINE_ROWS = 2000
+
+
+def _parts(part: dict[str, Stat], h2d_s: float) -> dict[str, float]:
+    """Seconds per category for one group of steps; ``h2d_s`` is pipeprof's own copy time."""
+    wait = part["wait"].total_ns / 1e9
+    transfer = part["transfer"].total_ns / 1e9 + part["user_transfer"].total_ns / 1e9
+    transfer = max(transfer, h2d_s)
+    compute = part["compute"].total_ns / 1e9
+    overhead = part["overhead"].total_ns / 1e9
+    return {"wait_s": wait, "transfer_s": transfer, "compute_s": compute, "overhead_s": overhead}
+
+
+def _fractions(p: dict[str, float]) -> dict[str, Any]:
+    wall = sum(p.values())
+    out: dict[str, Any] = {k: round(v, 9) for k, v in p.items()}
+    out["wall_s"] = round(wall, 9)
+    for k in ("wait", "transfer", "compute", "overhead"):
+        out[f"{k}_fraction"] = round(p[f"{k}_s"] / wall, 6) if wall else None
+    return out
+
+
+def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | None:
+    """The report's ``loop`` section, or None outside loop mode."""
+    loop = session.loop
+    if session.mode != "loop" or loop is None:
+        return None
+    first, steady = loop.first, loop.steady
+    h2d = session.stages.get("main", {}).get("transfer/h2d")
+    h2d_s = h2d.total_ns / 1e9 if h2d is not None else 0.0
+    n_first, n_steady = first["step"].count, steady["step"].count
+    share = n_steady / (n_first + n_steady) if n_first + n_steady else 0.0
+    p_first = _parts(first, h2d_s * (1 - share))
+    p_steady = _parts(steady, h2d_s * share)
+    shift = _gpu_shift(loop.gpu_compute, p_first, p_steady)
+    total = {k: p_first[k] + p_steady[k] for k in p_first}
+    out = _fractions(total)
+    out.update(
+        {
+            "steps": loop.steps,
+            "epochs": loop.epochs,
+            "startup_s": round(loop.startup_ns / 1e9, 9) if loop.startup_ns is not None else None,
+            "steady": {"steps": n_steady, **_fractions(p_steady)},
+            "view": "steady" if steady_enough(n_steady, p_steady) else "all",
+            "step_ms": figures(steady["step"] if n_steady else first["step"]),
+            "wait_ms": figures(steady["wait"]),
+            "compute_ms": figures(steady["compute"]),
+            "regions": {k: figures(v) for k, v in loop.regions.items()},
+            "gpu_compute_s": round(loop.gpu_compute.total_ns / 1e9, 9)
+            if loop.gpu_compute.count
+            else None,
+            "wait_moved_to_gpu_compute_s": round(shift, 9),
+        }
+    )
+    samples = session.samples
+    eff = samples / out["wall_s"] if out["wall_s"] else None
+    compute_rate = samples / total["compute_s"] if total["compute_s"] else None
+    replay = loop.replay or {}
+    measured = replay.get("compute_samples_per_s")
+    out["throughput"] = {
+        "effective_samples_per_s": round(eff, 3) if eff else None,
+        "compute_samples_per_s": round(compute_rate, 3) if compute_rate else None,
+        "replay_compute_samples_per_s": measured,
+        "speedup_if_data_free": round((measured or compute_rate or 0) / eff, 3)
+        if eff and (measured or compute_rate)
+        else None,
+    }
+    out["replay"] = replay or None
+    out.update(gpu_alignment(session, out))
+    return out
+
+
+STEADY_MIN_STEPS = 3
+
+
+def steady_enough(steps: int, parts: dict[str, float]) -> bool:
+    """The verdict and the summaries read the steady state when it has at least
+    ``STEADY_MIN_STEPS`` steps and some time, else all steps (``loop["view"]``)."""
+    return steps >= STEADY_MIN_STEPS and sum(parts.values()) > 0
+
+
+def _gpu_shift(gpu: Stat, *parts: dict[str, float]) -> float:
+    """Move wait to compute where CUDA events saw the GPU compute longer than the CPU did."""
+    if not gpu.count:
+        return 0.0
+    cpu = sum(p["compute_s"] for p in parts)
+    excess = gpu.total_ns / 1e9 - cpu
+    moved = 0.0
+    for p in parts:
+        if excess <= 0:
+            break
+        m = min(p["wait_s"], excess * (p["compute_s"] / cpu if cpu else 1.0))
+        p["wait_s"] -= m
+        p["compute_s"] += m
+        moved += m
+    return moved
+
+
+def step_spans(session: Session) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Wait spans and compute spans of the recent steps (the step ring)."""
+    waits, computes = [], []
+    for t, wait, transfer, compute, _ in session.loop.step_ring if session.loop else ():
+        waits.append((t, t + wait))
+        c0 = t + wait + transfer
+        computes.append((c0, c0 + compute))
+    return waits, computes
+
+
+def gpu_alignment(session: Session, loop: dict[str, Any]) -> dict[str, Any]:
+    """GPU utilisation while waiting vs computing, and the GPU time lost to waiting."""
+    gpu = session.gpu or {}
+    out: dict[str, Any] = {
+        "gpu_util_waiting": None,
+        "gpu_util_computing": None,
+        "idle_while_waiting_fraction": None,
+    }
+    tl = gpu.get("timeline") or {}
+    if not gpu.get("available") or not tl.get("t_ns"):
+        return out
+    util0 = [row[0] if row else None for row in tl.get("util", [])]
+    waits, computes = step_spans(session)
+    uw = mean_over_spans(tl["t_ns"], util0, waits, hold="backward")
+    uc = mean_over_spans(tl["t_ns"], util0, computes, hold="backward")
+    out["gpu_util_waiting"] = None if uw is None else round(uw, 2)
+    out["gpu_util_computing"] = None if uc is None else round(uc, 2)
+    if uw is not None and loop["wall_s"]:
+        idle = loop["wait_s"] * (1 - uw / 100.0) / loop["wall_s"]
+        out["idle_while_waiting_fraction"] = round(max(0.0, idle), 6)
+    return out
+
+
+def timeline(session: Session) -> dict[str, Any] | None:
+    """Down-sampled series for charts: steps, GPU and CPU utilisation, seconds from the start."""
+    t0 = session.start_ns
+    ring = list(session.loop.step_ring) if session.loop else []
+    stride = max(1, len(ring) // TIMELINE_ROWS)
+    steps = [
+        [
+            round((r[0] - t0) / 1e9, 6),
+            round(r[1] / 1e6, 4),
+            round(r[2] / 1e6, 4),
+            round(r[3] / 1e6, 4),
+        ]
+        for r in ring[::stride]
+    ]
+    out: dict[str, Any] = {"steps": steps, "gpu": None, "cpu": None}
+    gtl = (session.gpu or {}).get("timeline") or {}
+    if gtl.get("t_ns"):
+        out["gpu"] = {
+            "t_s": [round((t - t0) / 1e9, 4) for t in gtl["t_ns"]],
+            "util": gtl.get("util", []),
+        }
+    htl = (session.host or {}).get("timeline") or {}
+    if htl.get("t_ns"):
+        out["cpu"] = {
+            "t_s": [round((t - t0) / 1e9, 4) for t in htl["t_ns"]],
+            "cpu": htl.get("cpu", []),
+        }
+    if not steps and out["gpu"] is None and out["cpu"] is None:
+        return None
+    return out

@@ -1,0 +1,297 @@
+"""The torch rules: pure functions over the report's figures, each a Finding or None.
+
+Each rule reads the report dictionary built so far and the shared facts
+(``finding.pipeline_facts``); see docs/findings.md for thresholds and their sources.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from pipeprof.analyze.finding import Finding, finding
+from pipeprof.analyze.tf_rules import TF_RULES
+from pipeprof.analyze.verdict import MODERATE_WAIT, loop_view
+from pipeprof.core.regions import region_class
+
+Rule = Callable[[dict[str, Any], dict[str, Any]], "Finding | None"]
+
+DOMINANT_SHARE = 0.40  # a leaf stage above this share of pipeline time is called out
+SATURATED_BUSY = 0.85  # workers busier than this cannot go faster without more of them
+IMBALANCE = 1.30  # busiest worker / mean worker
+SLOW_STARTUP = 0.25  # start-up above this share of wall time
+
+
+_FIXES = {
+    "load/read": "reading is storage-bound: cache the data set in RAM or on a local SSD, pack "
+    "small "
+    "files into shards (WebDataset, TFRecord), or add workers so that reads overlap",
+    "load/decode": "store the images pre-resized to the training resolution, decode at reduced "
+    "size (PIL's Image.draft), or use a faster decoder (torchvision.io.decode_jpeg, on the GPU "
+    "with device='cuda'; pillow-simd)",
+    "collate": "return tensors (not Python lists or NumPy) from the dataset, or batch inside the "
+    "dataset with __getitems__",
+    "load": "split it with pipeprof.stage('read') / pipeprof.stage('decode') inside __getitem__ to "
+    "see which part costs",
+}
+
+
+def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    path, total = facts["limiting"], facts["pipeline_s"]
+    if path is None or not total or report.get("framework") == "tf":  # tf: see tf_findings
+        return None
+    row = report["stages"][path]
+    share = row["total_s"] / total
+    if share < DOMINANT_SHARE:
+        return None
+    if path in _FIXES:
+        fix = _FIXES[path]
+    elif path.startswith("transform/"):
+        fix = (
+            f"{path.split('/')[-1]} runs on the CPU once per sample: apply it to whole batches on "
+            "the GPU (torchvision.transforms.v2 works on batched tensors), precompute it offline "
+            "if it is deterministic, or make it cheaper"
+        )
+    elif path.startswith("transfer/"):
+        fix = "see the transfer findings: pin_memory=True with non_blocking copies"
+    else:
+        fix = f"make {path} cheaper, or move it off the per-sample path"
+    return finding(
+        "dominant-stage",
+        "warning" if share >= 0.6 else "info",
+        path,
+        f"{path} takes {share:.0%} of the pipeline's time "
+        f"({row['per_sample_ms']:.3g} ms per sample)",
+        {
+            "share": round(share, 4),
+            "per_sample_ms": row["per_sample_ms"],
+            "total_s": row["total_s"],
+        },
+        fix,
+    )
+
+
+def rule_more_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    n, cores, rate = facts["n_workers"], facts["cores"], facts["rate"]
+    if rate is None:
+        return None
+    target = max(1, cores - 1)  # leave a core for the training process
+    if n == 0:
+        return finding(
+            "no-workers",
+            "warning",
+            facts["limiting"],
+            f"loading runs in the training process (num_workers=0) at {rate:.0f} samples/s",
+            {"samples_per_s_per_worker": round(rate, 1), "cores": cores},
+            f"num_workers={target} would give about {rate * target:.0f} samples/s "
+            f"({target} × {rate:.0f}), and overlap loading with compute",
+        )
+    busy = facts["busy_mean"] or 0.0
+    if busy < SATURATED_BUSY or n >= target:
+        return None
+    return finding(
+        "workers-saturated",
+        "info",
+        facts["limiting"],
+        f"the {n} workers are busy {busy:.0%} of the time; each delivers {rate:.0f} samples/s",
+        {
+            "busy_fraction": round(busy, 4),
+            "samples_per_s_per_worker": round(rate, 1),
+            "num_workers": n,
+            "cores": cores,
+        },
+        f"num_workers={target} would give about {rate * target:.0f} samples/s on {cores} cores",
+    )
+
+
+def rule_oversubscribed(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    n, cores = facts["n_workers"], facts["cores"]
+    threads = int(report.get("meta", {}).get("torch_threads") or 1)
+    if n <= cores:
+        return None
+    return finding(
+        "cpu-oversubscribed",
+        "warning",
+        None,
+        f"{n} workers (+ the main process with {threads} intra-op threads) share {cores} cores",
+        {"num_workers": n, "cores": cores, "torch_threads": threads},
+        f"use at most num_workers={max(1, cores - 1)}; extra workers only add switching and memory",
+    )
+
+
+def rule_imbalance(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    ws = [w for w in facts["workers"] if w["busy_s"] > 0]
+    if len(ws) < 2:
+        return None
+    mean = sum(w["busy_s"] for w in ws) / len(ws)
+    top = max(ws, key=lambda w: w["busy_s"])
+    ratio = top["busy_s"] / mean
+    if ratio < IMBALANCE:
+        return None
+    return finding(
+        "worker-imbalance",
+        "info",
+        None,
+        f"worker {top['id']} is busy {ratio:.2f}× the mean worker",
+        {"busiest_busy_s": top["busy_s"], "mean_busy_s": round(mean, 6), "ratio": round(ratio, 3)},
+        "samples differ a lot in cost: sort or bucket them by size, or shard an IterableDataset "
+        "evenly across workers (get_worker_info())",
+    )
+
+
+def rule_slow_startup(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    start, wall = report.get("startup_s"), report.get("wall_s")
+    meta = report.get("meta", {})
+    if not start or not wall or start / wall < SLOW_STARTUP or not meta.get("num_workers"):
+        return None
+    fix = (
+        "persistent_workers=True keeps workers alive across epochs, paying this once"
+        if not meta.get("persistent_workers")
+        else "start-up is a one-off; profile more batches to see the steady state"
+    )
+    return finding(
+        "slow-startup",
+        "info",
+        None,
+        f"the first batch took {start:.2f} s, {start / wall:.0%} of the profile",
+        {"startup_s": start, "wall_s": wall},
+        fix,
+    )
+
+
+def rule_pin_memory(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    meta = report.get("meta", {})
+    device = str(meta.get("device") or "")
+    if not device.startswith("cuda") or meta.get("pin_memory"):
+        return None
+    h2d = report["stages"].get("transfer/h2d", {})
+    return finding(
+        "pin-memory",
+        "info",
+        "transfer/h2d",
+        f"batches are copied to {device} from pageable memory "
+        f"({h2d.get('mean_ms') or 0:.3g} ms per batch)",
+        {"h2d_mean_ms": h2d.get("mean_ms"), "pin_memory": False},
+        "DataLoader(pin_memory=True) and .to(device, non_blocking=True) let copies overlap compute",
+    )
+
+
+def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    frac = (report.get("overhead") or {}).get("estimated_fraction")
+    if frac is None or frac < 0.02:
+        return None
+    return finding(
+        "profiler-overhead",
+        "warning",
+        None,
+        f"pipeprof's own timing is about {frac:.1%} of the measured time",
+        {"estimated_fraction": frac},
+        "stages are very short: time fewer, coarser stages",
+    )
+
+
+def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    loop = report.get("loop")
+    rate, n, cores = facts["rate"], facts["n_workers"], facts["cores"]
+    if not loop or rate is None or report["verdict"]["kind"] != "input-bound":
+        return None
+    compute_rate = (loop.get("throughput") or {}).get("compute_samples_per_s")
+    if not compute_rate:
+        return None
+    need = max(1, math.ceil(compute_rate / rate))
+    if need <= n:
+        return None
+    evidence = {
+        "compute_samples_per_s": compute_rate,
+        "samples_per_s_per_worker": round(rate, 1),
+        "workers_needed": need,
+        "num_workers": n,
+        "cores": cores,
+    }
+    msg = (
+        f"{need} workers would feed the measured {compute_rate:.0f} samples/s of compute "
+        f"({rate:.0f} samples/s per worker); you have {n}"
+    )
+    if need <= cores - 1:
+        fix = f"DataLoader(num_workers={need})"
+    else:
+        fix = (
+            f"{need} workers exceed the {cores} cores: make {facts['limiting']} cheaper "
+            f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU"
+        )
+    return finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
+
+
+def rule_transfer(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    loop = report.get("loop")
+    if not loop:
+        return None
+    frac = loop_view(loop).get("transfer_fraction") or 0.0
+    if frac < MODERATE_WAIT:
+        return None
+    pinned = bool(report.get("meta", {}).get("pin_memory"))
+    fix = (
+        "DataLoader(pin_memory=True) and batch.to(device, non_blocking=True) overlap the copy "
+        "with compute"
+        if not pinned
+        else "copies are pinned already: send smaller batches (uint8 images, normalise on the GPU)"
+    )
+    return finding(
+        "transfer",
+        "warning",
+        "transfer/h2d",
+        f"copying batches to the device takes {frac:.0%} of step time",
+        {"transfer_fraction": frac, "pin_memory": pinned},
+        fix,
+    )
+
+
+def rule_threads(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    meta = report.get("meta", {})
+    threads, n, cores = int(meta.get("torch_threads") or 0), facts["n_workers"], facts["cores"]
+    if not report.get("loop") or not threads or n + threads <= cores:
+        return None
+    return finding(
+        "threads-oversubscribed",
+        "warning",
+        None,
+        f"{n} workers + {threads} intra-op threads in the training process on {cores} cores",
+        {"num_workers": n, "torch_threads": threads, "cores": cores},
+        f"torch.set_num_threads({max(1, cores - n)}) in the training process, or fewer workers",
+    )
+
+
+def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    loop = report.get("loop")
+    if not loop:
+        return None
+    frac = loop_view(loop).get("overhead_fraction") or 0.0
+    if frac < MODERATE_WAIT:
+        return None
+    regions = {k: v for k, v in loop["regions"].items() if region_class(k) == "overhead"}
+    top = max(regions, key=lambda k: regions[k]["total_s"]) if regions else "?"
+    return finding(
+        "overhead-regions",
+        "warning",
+        None,
+        f"non-compute regions take {frac:.0%} of step time; '{top}' is the largest",
+        {"overhead_fraction": frac, "region": top},
+        f"run '{top}' less often (every N steps) or asynchronously",
+    )
+
+
+RULES: list[Rule] = [
+    rule_workers_needed,
+    rule_transfer,
+    rule_threads,
+    rule_overhead_regions,
+    rule_dominant_stage,
+    rule_more_workers,
+    rule_oversubscribed,
+    rule_imbalance,
+    rule_slow_startup,
+    rule_pin_memory,
+    rule_overhead,
+    *TF_RULES,  # tf.data's terms (pipeprof/collectors/tf_findings.py); None for torch reports
+]

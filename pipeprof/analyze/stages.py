@@ -1,0 +1,156 @@
+"""Pure functions from a Session to the report dictionary (schema ``pipeprof/1``).
+
+Nothing here prints, draws or reads a clock: the same Session always gives the same report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from pipeprof.core.session import Session
+from pipeprof.core.stats import Stat, figures
+
+
+def _ms(ns: float) -> float | None:
+    return None if math.isnan(ns) else round(ns / 1e6, 6)
+
+
+def _s(ns: float) -> float:
+    return round(ns / 1e9, 9)
+
+
+def merged_stages(session: Session) -> dict[str, Stat]:
+    """Stage stats summed over all processes."""
+    out: dict[str, Stat] = {}
+    for stats in session.stages.values():
+        for path, stat in stats.items():
+            out.setdefault(path, Stat()).merge(stat)
+    return out
+
+
+def stage_table(session: Session) -> dict[str, dict[str, Any]]:
+    """``stages`` of the report: every recorded path plus derived parents, sorted as a tree.
+
+    A parent that was never timed itself (``transform`` over its per-transform children,
+    ``transfer`` over pin and h2d) gets the sum of its children's totals and no percentiles.
+    """
+    merged = merged_stages(session)
+    table = {path: figures(stat) for path, stat in merged.items()}
+    ancestors = {p.rsplit("/", i)[0] for p in merged for i in range(1, p.count("/") + 1)}
+    for parent in sorted(ancestors - merged.keys(), key=lambda p: p.count("/"), reverse=True):
+        kids = [v for k, v in table.items() if parent_of(k) == parent]
+        total = sum(k["total_s"] for k in kids)
+        count = max((k["count"] for k in kids), default=0)
+        table[parent] = {
+            "total_s": round(total, 9),
+            "count": count,
+            "mean_ms": round(total * 1e3 / count, 6) if count else None,
+            "p50_ms": None,
+            "p95_ms": None,
+            "p99_ms": None,
+            "max_ms": None,
+            "derived": True,
+        }
+    # tf.data stages come from a trace of the first elements only: per sample of those
+    tf = session.meta.get("tf") or {}
+    samples = max(tf.get("traced_samples") or session.samples, 1)
+    batches = max(tf.get("traced_batches") or session.batches, 1)
+    top_total = sum(v["total_s"] for k, v in table.items() if "/" not in k) or 1.0
+    for path, row in table.items():
+        row["per_sample_ms"] = round(row["total_s"] * 1e3 / samples, 6)
+        row["per_batch_ms"] = round(row["total_s"] * 1e3 / batches, 6)
+        row["share"] = round(row["total_s"] / top_total, 6) if "/" not in path else None
+        row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
+    # merged (and so table) lists the recorded paths in the order they first ran
+    return {path: table[path] for path in tree_order(table)}
+
+
+def top_total(stages: dict[str, dict[str, Any]]) -> float:
+    """Seconds of all top-level stages together: the pipeline's time."""
+    return sum(r["total_s"] for p, r in stages.items() if "/" not in p) or 0.0
+
+
+def parent_of(path: str) -> str | None:
+    return path.rsplit("/", 1)[0] if "/" in path else None
+
+
+_TOP = {"load": 0, "transform": 1, "collate": 2, "transfer": 3}
+
+
+def tree_order(paths: Iterable[str]) -> list[str]:
+    """``paths`` as a tree: load, transform, collate, transfer, then any other; a parent before
+    its children; siblings in the order they first appear in ``paths`` (pipeline order: a
+    ``Compose``'s steps as they run)."""
+    paths = list(dict.fromkeys(paths))
+    first: dict[str, int] = {}
+    for i, path in enumerate(paths):
+        parts = path.split("/")
+        for j in range(1, len(parts) + 1):
+            first.setdefault("/".join(parts[:j]), i)
+
+    def key(path: str) -> tuple[int, ...]:
+        parts = path.split("/")
+        ranks = (first["/".join(parts[:j])] for j in range(1, len(parts) + 1))
+        return (_TOP.get(parts[0], 9), *ranks)
+
+    return sorted(paths, key=key)
+
+
+def worker_table(session: Session, wall_ns: int) -> list[dict[str, Any]]:
+    rows = []
+    for track, w in sorted(session.workers.items(), key=lambda kv: _worker_key(kv[0])):
+        rows.append(
+            {
+                "id": int(track[6:]) if track.startswith("worker") else None,
+                "track": track,
+                "pid": w.pid,
+                "busy_s": _s(w.busy_ns),
+                "cpu_s": _s(w.cpu_ns) if w.cpu_ns else None,  # None: not measured
+                "batches": w.batches,
+                "samples": w.samples,
+                "busy_fraction": round(min(1.0, w.busy_ns / wall_ns), 6) if wall_ns else None,
+                "samples_per_busy_s": round(w.samples / (w.busy_ns / 1e9), 3)
+                if w.busy_ns
+                else None,
+            }
+        )
+    return rows
+
+
+def _worker_key(track: str) -> tuple[int, str]:
+    return (int(track[6:]), track) if track.startswith("worker") else (-1, track)
+
+
+def throughput(session: Session) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Overall and steady-state (after the first batch) rates."""
+    wall = session.wall_ns / 1e9
+    overall = {
+        "samples_per_s": round(session.samples / wall, 3) if wall else None,
+        "batches_per_s": round(session.batches / wall, 3) if wall else None,
+    }
+    first = session.batch_ring[0] if session.batch_ring else None
+    steady: dict[str, Any] = {"samples_per_s": None, "batches_per_s": None, "wall_s": None}
+    if first is not None and session.batches > 1 and session.first_batch_ns is not None:
+        t_first = first[2]
+        steady_wall = (session.end_ns - t_first) / 1e9
+        if steady_wall > 0:
+            steady = {
+                "samples_per_s": round((session.samples - first[4]) / steady_wall, 3),
+                "batches_per_s": round((session.batches - 1) / steady_wall, 3),
+                "wall_s": round(steady_wall, 6),
+            }
+    return overall, steady
+
+
+def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    busy_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
+    busy_s += session.wait.total_ns / 1e9
+    cost_s = session.events * session.overhead_ns / 1e9
+    return {
+        "per_event_ns": round(session.overhead_ns, 1),
+        "events": session.events,
+        "estimated_s": round(cost_s, 6),
+        "estimated_fraction": round(cost_s / busy_s, 6) if busy_s else None,
+    }

@@ -1,0 +1,4 @@
+"""``pipeprof.bench``: the second producer beside the collectors. It runs each stage of a
+pipeline on its own (``isolation.py``) over fixed samples (``sources.py``), measures worker
+scaling (``scaling.py``) and fits the what-if model of analyze/whatif.py (``bench.py``);
+``tf.py`` does the same for tf.data, prefix by prefix."""

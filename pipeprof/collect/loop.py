@@ -1,0 +1,150 @@
+"""A training loop's steps, cut into wait, transfer, compute and overhead (the loop collector).
+
+NOTE [ Step attribution ]
+A step starts when the loop asks for a batch. ``wait`` is the time blocked in ``next()``;
+``transfer`` is the host-to-device copy when pipeprof moves the batch (``device=``), plus the
+user's regions named ``Transfer``/``H2D``/``IO``; ``compute`` is the rest of the step, from the
+moment the batch is handed over to the next request, minus "overhead" regions (any region that
+is not a compute key — logging, callbacks, ``Other``; see core/regions.py). ``Epoch`` and
+``Batch`` regions are containers and count nowhere. The first steps of every epoch, until each
+DataLoader worker has delivered a batch (``num_workers`` steps, at least one), are start-up
+(worker start, prefetch fill) and kept apart: ``steady`` figures leave them out, the totals keep
+them.
+
+On a GPU the loop's CPU side can run ahead of asynchronous kernels, so a step's CPU view
+under-states compute and over-states wait. With a CUDA device, CUDA events bracket each
+compute phase; where the GPU's compute time exceeds the CPU's, the excess is moved from wait to
+compute (the GPU was still busy while the CPU waited).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pipeprof.core.batch import batch_size
+from pipeprof.core.recorder import clock
+from pipeprof.core.regions import region_class
+from pipeprof.core.session import STEP_PARTS, LoopRecord, Session
+from pipeprof.core.stats import Stat
+
+FOLD_EVERY = 4096  # steps between folds of per-step values into Stats
+
+
+class StepLog:
+    """Writes a loop's steps and regions into ``session.loop``: the one bookkeeping of steps that
+    ``Profiler`` and the Keras callback share.
+
+    Per-step values are kept in lists and folded into Stats in bulk (NumPy) every
+    ``FOLD_EVERY`` steps and on ``fold()``: the loop's own ``next()`` pays an append, not a
+    histogram update.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.record = session.loop = session.loop or LoopRecord()
+        self._pending: dict[str, dict[str, list[int]]] = {
+            name: {k: [] for k in STEP_PARTS} for name in ("first", "steady")
+        }
+        self._pending_regions: dict[str, list[int]] = {}
+        self._class_ns = {"transfer": 0, "overhead": 0}
+        self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
+        self._marks: tuple[int, int, dict[str, list[int]]] = (0, 0, self._pending["first"])
+
+    def region(self, key: str, start_ns: int, duration_ns: int) -> None:
+        """A user region closed (``Profiler.region``)."""
+        values = self._pending_regions.get(key)
+        if values is None:
+            values = self._pending_regions[key] = []
+        values.append(duration_ns)
+        self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
+        # A region counts for its class only outside the regions nested in it, which closed
+        # before it: "train_step" around Forward and Backward is compute, not overhead.
+        inner, closed = 0, self._closed
+        while closed and closed[-1][0] >= start_ns:
+            inner += closed.pop()[1]
+        closed.append((start_ns, duration_ns))
+        kind = region_class(key)
+        if kind in self._class_ns:
+            self._class_ns[kind] += max(0, duration_ns - inner)
+
+    def begin(self, t_req: int, wait: int, transfer: int, first: bool) -> None:
+        """A step got its batch: it asked at ``t_req``, waited ``wait`` and copied ``transfer``."""
+        rec = self.record
+        part = self._pending["first" if first else "steady"]
+        wait = max(0, wait)
+        part["wait"].append(wait)
+        part["transfer"].append(transfer)
+        if rec.startup_ns is None:
+            rec.startup_ns = wait
+        rec.steps += 1
+        rec.step_ring.append([t_req, wait, transfer, 0, int(first)])
+        self._closed.clear()
+        self._marks = (self._class_ns["transfer"], self._class_ns["overhead"], part)
+
+    def end(self, handed: int, t_end: int) -> None:
+        """Close the step whose batch was handed over at ``handed`` (NOTE [ Step attribution ])."""
+        transfer_before, overhead_before, part = self._marks
+        cpu = t_end - handed
+        user_transfer = min(cpu, self._class_ns["transfer"] - transfer_before)
+        overhead = min(cpu - user_transfer, self._class_ns["overhead"] - overhead_before)
+        self._close(part, cpu - user_transfer - overhead, overhead, user_transfer)
+
+    def add(self, t_req: int, wait: int, compute: int, overhead: int, first: bool) -> None:
+        """A whole step measured from outside (Keras' batch hooks): no regions, no copy."""
+        self.begin(t_req, wait, 0, first)
+        self._close(self._marks[2], compute, overhead, 0)
+
+    def _close(self, part: dict[str, list[int]], compute: int, overhead: int, user: int) -> None:
+        part["compute"].append(compute)
+        part["overhead"].append(overhead)
+        part["user_transfer"].append(user)
+        row = self.record.step_ring[-1]
+        row[2] += user
+        row[3] = compute
+        part["step"].append(row[1] + row[2] + compute + overhead)
+        if len(part["step"]) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """Fold the per-step values gathered since the last fold into the record's Stats."""
+        rec = self.record
+        for name, part in self._pending.items():
+            for key, values in part.items():
+                if values:
+                    getattr(rec, name)[key].merge(Stat.of_many(values))
+                    values.clear()
+        for key, values in self._pending_regions.items():
+            if values:
+                rec.regions.setdefault(key, Stat()).merge(Stat.of_many(values))
+                values.clear()
+
+
+def h2d_ns(rec: Any, session: Session) -> int:
+    """Host-to-device time recorded so far (the torch collector times it on the main recorder)."""
+    raw = rec.raw.get("transfer/h2d")
+    pending = sum(raw[1::3]) if raw else 0
+    done = session.stages.get("main", {}).get("transfer/h2d")
+    return pending + (done.total_ns if done is not None else 0)
+
+
+class GenericSource:
+    """Any iterable of batches: the pipeline is opaque, only the consumer's wait is known."""
+
+    def __init__(self, data: Iterable[Any], session: Session) -> None:
+        self.data = data
+        self.session = session
+        session.meta.setdefault("source", type(data).__name__)
+
+    def __iter__(self) -> Iterator[Any]:
+        t_iter: int | None = clock()
+        it = iter(self.data)
+        while True:
+            t0 = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.session.add_batch(t0, clock(), batch_size(batch), t_iter)
+            t_iter = None
+            yield batch

@@ -1,0 +1,414 @@
+"""PyTorch DataLoader collector: stage timings from inside the worker processes.
+
+NOTE [ Worker timing transport ]
+The profiled loader is a new ``DataLoader`` built with the user's arguments (a DataLoader refuses
+to have its dataset replaced, and the user's objects are never mutated) around four picklable
+wrappers: the dataset (``load`` per sample), its transforms (one stage each, see
+torch_transforms.py), ``collate_fn`` and ``worker_init_fn``. The collate wrapper runs last in a
+worker for every batch: it drains the worker's recorder and returns ``Carrier(batch, records)``.
+The carrier travels through the loader's own result queue, is pinned by the pin-memory thread
+(which calls ``Carrier.pin_memory``, where pin time is measured) and is unwrapped by the iterator
+before the user sees the batch. There is no second channel, nothing to deadlock, and every record
+belongs exactly to the batch it came with.
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from pipeprof.collect.torch.dataset import instrument_dataset
+from pipeprof.core.batch import batch_size, samples_to_collate
+from pipeprof.core.recorder import clock, recorder, timed_call
+from pipeprof.core.session import Session
+
+# Named like torch.profiler's own span so that traces line up.
+WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
+
+
+class Carrier:
+    """A batch and the records of the process that made it (see NOTE above)."""
+
+    __slots__ = ("batch", "payload", "pin_ns")
+
+    def __init__(self, batch: Any, payload: dict[str, Any]) -> None:
+        self.batch = batch
+        self.payload = payload
+        self.pin_ns = 0
+
+    def pin_memory(self, *args: Any) -> Carrier:
+        from torch.utils.data._utils.pin_memory import pin_memory  # a function, not a patch
+
+        t0 = clock()
+        self.batch = pin_memory(self.batch, *args)  # type: ignore[no-untyped-call]
+        self.pin_ns = clock() - t0
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.batch, self.payload, self.pin_ns))
+
+
+def _rebuild(batch: Any, payload: dict[str, Any], pin_ns: int) -> Carrier:
+    c = Carrier(batch, payload)
+    c.pin_ns = pin_ns
+    return c
+
+
+class _Delegate:
+    """Attribute reads and writes go to the user's dataset copy.
+
+    A user's ``worker_init_fn`` often configures ``get_worker_info().dataset`` (shards an
+    IterableDataset, opens a file handle); that object is this wrapper, so it forwards.
+    """
+
+    _inner: Any
+
+    def __init__(self, dataset: Any) -> None:
+        object.__setattr__(self, "_inner", dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "_inner" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_inner"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
+class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
+    """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted)."""
+
+    def __getitem__(self, index: Any) -> Any:
+        rec = recorder()
+        if not rec.enabled:
+            return self._inner[index]
+        frame = rec.open("load")
+        try:
+            return self._inner[index]
+        finally:
+            rec.close(frame, 1, detach=True)
+
+
+class MapDatasetItems(MapDataset):
+    """For datasets with ``__getitems__`` (batched fetch): one ``load`` call covers the batch."""
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        rec = recorder()
+        if not rec.enabled:
+            return self._inner.__getitems__(indices)
+        frame = rec.open("load")
+        try:
+            return self._inner.__getitems__(indices)
+        finally:
+            rec.close(frame, max(1, len(indices)), detach=True)
+
+
+class IterDataset(_Delegate, IterableDataset):  # type: ignore[type-arg]
+    """Times every ``next()`` on the user's iterable as ``load`` (``iter()`` goes to the first)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        rec = recorder()
+        frame = rec.open("load") if rec.enabled else None
+        it = iter(self._inner)
+        while True:
+            if frame is None and rec.enabled:
+                frame = rec.open("load")
+            try:
+                item = next(it)
+            except BaseException:
+                if frame is not None:
+                    rec.discard(frame)
+                if isinstance(sys.exc_info()[1], StopIteration):
+                    return
+                raise
+            if frame is not None:
+                rec.close(frame, 1, detach=True)
+                frame = None
+            yield item
+
+
+class Collate:
+    """Times ``collate_fn`` and ships the process's records with the batch it made."""
+
+    def __init__(self, fn: Callable[[Any], Any], per_sample: bool) -> None:
+        self.fn = fn
+        self.per_sample = per_sample
+
+    def __call__(self, samples: Any) -> Any:
+        rec = recorder()
+        if not rec.enabled:
+            return self.fn(samples)
+        batch = timed_call("collate", self.fn, samples)
+        payload = rec.drain()
+        payload["end_ns"] = clock()
+        if _CPU_MARK[0]:  # in a worker: all its CPU time is the pipeline's (idle costs none)
+            cpu = time.process_time_ns()
+            payload["cpu_ns"] = cpu - _CPU_MARK[0]
+            _CPU_MARK[0] = cpu
+        payload["samples"] = 1 if self.per_sample else samples_to_collate(samples)
+        return Carrier(batch, payload)
+
+
+# This worker process's CPU time when it finished its previous batch (0 outside workers).
+_CPU_MARK = [0]
+
+
+class WorkerInit:
+    """Readies a worker's recorder, then runs the user's ``worker_init_fn``."""
+
+    def __init__(self, fn: Callable[[int], Any] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        rec = recorder()
+        rec.reset(f"worker{worker_id}")
+        rec.enabled = True
+        if self.fn is not None:
+            self.fn(worker_id)
+        _CPU_MARK[0] = time.process_time_ns()
+
+
+_LOADER_ARGS = (
+    "num_workers",
+    "pin_memory",
+    "timeout",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def build_loader(loader: DataLoader) -> tuple[DataLoader, list[str]]:
+    """A DataLoader equal to ``loader`` but with timed dataset, collate and worker init."""
+    dataset, notes = instrument_dataset(loader.dataset)
+    if isinstance(loader.dataset, IterableDataset):
+        wrapped: Dataset[Any] = IterDataset(dataset)
+        kwargs: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    else:
+        has_items = callable(getattr(loader.dataset, "__getitems__", None))
+        wrapped = (MapDatasetItems if has_items else MapDataset)(dataset)
+        if loader.batch_sampler is not None:
+            kwargs = {"batch_sampler": loader.batch_sampler}
+        else:
+            kwargs = {"sampler": loader.sampler, "batch_size": None}
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    for name in _LOADER_ARGS:
+        if name in accepted and hasattr(loader, name):
+            kwargs[name] = getattr(loader, name)
+    if not kwargs.get("num_workers"):
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+    per_sample = loader.batch_size is None and loader.batch_sampler is None
+    kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample)
+    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn)
+    return DataLoader(wrapped, **kwargs), notes
+
+
+def check_device(device: Any) -> torch.device | None:
+    """``device`` as a torch.device, refusing one this machine cannot use."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} but CUDA is not available here: pass device=None (or 'cpu') "
+            "to profile without a host-to-device copy"
+        )
+    return dev
+
+
+def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """``batch`` with every tensor moved to ``device``, structure kept (as a training loop does)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return type(batch)({k: move_to(v, device, non_blocking) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(move_to(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device, non_blocking) for v in batch)
+    to = getattr(batch, "to", None)
+    if callable(to):
+        return to(device, non_blocking=non_blocking)
+    return batch
+
+
+class ProfiledLoader:
+    """Iterates a profiled twin of ``loader`` and records into ``session``.
+
+    Yields exactly the batches ``loader`` would (moved to ``device`` when one is given).
+    """
+
+    def __init__(self, loader: DataLoader, session: Session, device: Any = None) -> None:
+        self.user_loader = loader
+        self.opaque = own_iteration(loader)
+        if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
+            what = f"{type(loader).__name__} overrides {', '.join(self.opaque)}"
+            note = f"{what}: it runs as it is, so pipeprof times the wait per batch, no stage in it"
+            self.loader, notes = loader, [note]
+        else:
+            self.loader, notes = build_loader(loader)
+        self.passes = 0
+        self.session = session
+        session.notes.extend(notes)
+        self.device = check_device(device)
+        self.h2d = H2DTimer(self.device) if self.device is not None else None
+        self.non_blocking = bool(loader.pin_memory)
+        session.meta.update(describe(loader, self.device))
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def warmup_steps(self) -> int:
+        """Batches until every worker has delivered one: the start-up of an epoch."""
+        return max(1, self.loader.num_workers)
+
+    def __iter__(self) -> Iterator[Any]:
+        persistent = self.loader.persistent_workers and self.loader.num_workers
+        if self.passes and not (persistent or self.opaque):
+            # A new pass reads the dataset as it is now (``set_epoch`` and the like), as the plain
+            # loader's fresh workers would; persistent workers keep theirs, as they do unprofiled.
+            self.loader = build_loader(self.user_loader)[0]
+        self.passes += 1
+        rec = recorder()
+        was, rec.enabled = rec.enabled, True
+        try:
+            t_iter = clock()
+            it = iter(self.loader)
+            span = WAIT_SPAN.format(type(it).__name__)
+            first = True
+            while True:
+                if rec.raw:
+                    self.session.merge(rec.drain())  # the main process's own records
+                t0 = clock()
+                try:
+                    carrier = next(it)
+                except StopIteration:
+                    return
+                t1 = clock()
+                batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
+                first = False
+                if self.h2d is not None:
+                    batch = self.h2d.move(batch, self.non_blocking, rec)
+                yield batch
+        finally:
+            self.flush()
+            rec.enabled = was
+
+    def flush(self) -> None:
+        """Bring in what the main process recorded (transfers, the user's own stages)."""
+        rec = recorder()
+        if self.h2d is not None:
+            self.h2d.flush(rec)
+        if rec.raw:
+            self.session.merge(rec.drain())
+
+    def _unpack(self, carrier: Any, t0: int, t1: int, t_iter: int | None, span: str) -> Any:
+        s = self.session
+        if not isinstance(carrier, Carrier):  # the user's own loader (see ``own_iteration``)
+            s.add_batch(t0, t1, batch_size(carrier), t_iter, span)
+            return carrier
+        payload = carrier.payload
+        s.merge(payload)
+        track = payload["track"]
+        w = s.worker(track, payload["pid"])
+        busy = payload["end_ns"] - (payload["first_ns"] or payload["end_ns"])
+        w.busy_ns += busy
+        w.cpu_ns += payload.get("cpu_ns", 0)
+        w.batches += 1
+        w.samples += payload["samples"]
+        if carrier.pin_ns:
+            s.add("main", "transfer/pin", carrier.pin_ns)
+        s.add_batch(t0, t1, payload["samples"], t_iter, span, track, busy)
+        return carrier.batch
+
+
+def own_iteration(loader: DataLoader) -> list[str]:
+    """What a DataLoader subclass overrides that decides what it yields (``__iter__``...):
+    a plain DataLoader rebuilt from its arguments would yield something else."""
+    found: list[str] = []
+    for cls in type(loader).__mro__:
+        if cls is DataLoader:
+            break
+        found += [name for name in ("__iter__", "_get_iterator", "__len__") if name in vars(cls)]
+    return found
+
+
+class H2DTimer:
+    """Moves batches to the device, timed as ``transfer/h2d``.
+
+    On CUDA the copy is bracketed by CUDA events read back in groups, so the loop is not
+    synchronised on every batch; elsewhere the wall clock times the (synchronous) copy.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple[Any, Any, int]] = []
+
+    def move(self, batch: Any, non_blocking: bool, rec: Any) -> Any:
+        if not self.cuda:
+            t0 = clock()
+            out = move_to(batch, self.device, non_blocking)
+            rec.add("transfer/h2d", clock() - t0, 1, t0)
+            return out
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        t0 = clock()
+        start.record()
+        out = move_to(batch, self.device, non_blocking)
+        end.record()
+        self.pending.append((start, end, t0))
+        if len(self.pending) >= 32:
+            self.flush(rec)
+        return out
+
+    def flush(self, rec: Any) -> None:
+        for start, end, t0 in self.pending:
+            end.synchronize()
+            ns = int(start.elapsed_time(end) * 1e6)
+            rec.add("transfer/h2d", ns, 1, t0)
+        self.pending.clear()
+
+
+def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
+    """The loader's configuration, for the report and for the findings."""
+    ctx = loader.multiprocessing_context
+    return {
+        "loader": type(loader).__name__,
+        "dataset": type(loader.dataset).__name__,
+        "num_workers": loader.num_workers,
+        "batch_size": loader.batch_size,
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": bool(loader.persistent_workers),
+        "multiprocessing_context": ctx.get_start_method()
+        if ctx is not None
+        else (
+            multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0]  # the platform default, not fixed
+        ),
+        "device": str(device) if device is not None else None,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "in_worker": get_worker_info() is not None,
+    }

@@ -1,0 +1,36 @@
+"""Numbers as people read them: about three significant digits, percentages, n/a for None.
+
+Shared by the renderers and by analysis, whose findings and comparisons are sentences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def num(value: Any, unit: str = "") -> str:
+    """A measurement with about three significant digits, ``n/a`` for None."""
+    if value is None:
+        return "n/a"
+    v = float(value)
+    a = abs(v)
+    if a >= 1000:
+        text = f"{v:,.0f}"
+    elif a >= 100:
+        text = f"{v:.0f}"
+    elif a >= 10:
+        text = f"{v:.1f}"
+    elif a >= 1:
+        text = f"{v:.2f}"
+    elif a == 0:
+        text = "0"
+    elif a >= 0.001:
+        text = f"{v:#.3g}"
+    else:
+        text = f"{v:.1e}"
+    return text + unit
+
+
+def pct(fraction: Any, digits: int = 0) -> str:
+    """A 0-1 fraction as a percentage, ``n/a`` for None."""
+    return "n/a" if fraction is None else f"{float(fraction) * 100:.{digits}f}%"

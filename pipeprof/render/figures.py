@@ -1,0 +1,108 @@
+"""Figures every renderer shows the same way: number formats, severities, derived series.
+
+Renderers read the report dictionary (schema ``pipeprof/1``); these helpers only pick and format
+what is there. n/a (``None``) stays "n/a", never 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeprof.core.units import num, pct
+
+if TYPE_CHECKING:
+    from pipeprof.core.session import Session
+
+__all__ = ["num", "pct"]  # re-exported: renderers import number formats from here
+
+#: rich styles of verdict severities (high/moderate/low) and finding severities.
+SEVERITY_STYLE = {
+    "critical": "bold red",
+    "high": "bold red",
+    "warning": "yellow",
+    "moderate": "yellow",
+    "info": "cyan",
+    "low": "green",
+}
+#: step parts of the loop, in the order they happen, with their display names.
+STEP_PARTS = (
+    ("wait", "wait"),
+    ("transfer", "transfer"),
+    ("compute", "compute"),
+    ("overhead", "other"),
+)
+BATCH_ROWS = 2000  # batches kept for the loader-mode wait chart
+_TOP = {"load": 0, "transform": 1, "collate": 2, "transfer": 3}
+
+
+def util(value: Any) -> str:
+    """A utilisation that is already in percent."""
+    return "n/a" if value is None else f"{float(value):.0f}%"
+
+
+def is_loop(data: dict[str, Any]) -> bool:
+    return bool(data.get("loop"))
+
+
+def loop_view(loop: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The figures the verdict read (the report's ``loop["view"]``) and how to label them."""
+    steady = loop.get("steady") or {}
+    if loop.get("view") == "steady":
+        return steady, f"steady state, {steady['steps']} steps"
+    return loop, f"all {loop.get('steps', 0)} steps"
+
+
+def top_total(stages: dict[str, dict[str, Any]]) -> float:
+    """Seconds of all top-level stages together: the pipeline's time."""
+    return sum(r["total_s"] for p, r in stages.items() if "/" not in p) or 0.0
+
+
+def family(path: str) -> int:
+    """The index of a stage's top-level family (load, transform, collate, transfer, other)."""
+    return _TOP.get(path.split("/", 1)[0], 4)
+
+
+def headline(data: dict[str, Any]) -> str:
+    v = data.get("verdict") or {}
+    return str(v.get("headline") or v.get("kind") or "no verdict")
+
+
+def gpu_devices(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((data.get("gpu") or {}).get("devices") or [])
+
+
+def workers_only(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [w for w in data.get("workers") or [] if str(w.get("track", "")).startswith("worker")]
+
+
+def balance(data: dict[str, Any]) -> float | None:
+    """Busiest worker's busy time over the mean worker's (1.0: perfectly even)."""
+    ws = [float(w["busy_s"]) for w in workers_only(data) if w.get("busy_s")]
+    if len(ws) < 2:
+        return None
+    return max(ws) / (sum(ws) / len(ws))
+
+
+def batch_waits(session: Session | None) -> list[list[float]] | None:
+    """Loader mode: ``[start_s, wait_ms]`` per recent batch, seconds from the profile start."""
+    if session is None or not session.batch_ring:
+        return None
+    ring = list(session.batch_ring)
+    stride = max(1, -(-len(ring) // BATCH_ROWS))
+    t0 = session.start_ns
+    return [[round((r[2] - r[3] - t0) / 1e9, 6), round(r[3] / 1e6, 4)] for r in ring[::stride]]
+
+
+def wait_periods(data: dict[str, Any]) -> list[tuple[float, float]]:
+    """``(start_s, end_s)`` of the times the loop waited for data, merged where they touch."""
+    tl = data.get("timeline") or {}
+    rows = [(r[0], r[0] + r[1] / 1e3) for r in tl.get("steps") or [] if r[1]]
+    if not rows:
+        rows = [(r[0], r[0] + r[1] / 1e3) for r in data.get("batch_waits") or [] if r[1]]
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(rows):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
