@@ -228,3 +228,21 @@ def test_replay_baseline_measures_compute_only_throughput():
     assert tp["speedup_if_data_free"] > 1.5  # loading (4 ms/sample) dominates
     with pytest.raises(RuntimeError, match="replay=N"):
         pipeprof.Profiler(sample_hz=0).replay(step)
+
+
+@pytest.mark.timing
+def test_step_time_counts_a_user_transfer_region_once():
+    """A step is wait + transfer + compute + overhead: a ``Transfer`` region is part of the step
+    once (it was counted twice, once as transfer and once inside the CPU time after hand-over)."""
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(list(range(8))):
+            with prof.region("Transfer"):
+                time.sleep(0.01)
+            with prof.region("Forward"):
+                time.sleep(0.01)
+    loop = prof.report()["loop"]
+    step = loop["step_ms"]["mean_ms"]
+    parts = (loop["steady"]["wall_s"]) / loop["steady"]["steps"] * 1e3
+    assert step == pytest.approx(parts, rel=0.02)  # the step is the sum of its parts
+    assert 20 <= step < 26

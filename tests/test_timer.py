@@ -11,6 +11,7 @@ import tracemalloc
 import types
 
 import pytest
+from fake_cuda import FakeGPU
 from rich.console import Console
 from rich.table import Table
 
@@ -31,47 +32,6 @@ class FakeClock:
 
     def advance(self, ns: int) -> None:
         self.now += ns
-
-
-class FakeGPU:
-    """One in-order stream: events complete in record order up to ``completed``."""
-
-    def __init__(self) -> None:
-        self.now_ms = 0.0
-        self.recorded = 0
-        self.completed = 0
-        self.created = 0
-        self.queries = 0
-        self.syncs = 0
-
-    def event(self) -> FakeEvent:
-        self.created += 1
-        return FakeEvent(self)
-
-
-class FakeEvent:
-    def __init__(self, gpu: FakeGPU) -> None:
-        self.gpu = gpu
-        self.seq = 0
-        self.t_ms = math.nan
-
-    def record(self) -> None:
-        self.gpu.recorded += 1
-        self.seq = self.gpu.recorded
-        self.t_ms = self.gpu.now_ms
-
-    def query(self) -> bool:
-        self.gpu.queries += 1
-        return self.seq <= self.gpu.completed
-
-    def synchronize(self) -> None:
-        self.gpu.syncs += 1
-        self.gpu.completed = max(self.gpu.completed, self.seq)
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        if max(self.seq, end.seq) > self.gpu.completed:
-            raise RuntimeError("event not completed")  # what torch does
-        return end.t_ms - self.t_ms
 
 
 def test_default_keys() -> None:

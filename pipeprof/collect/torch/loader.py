@@ -355,29 +355,39 @@ def own_iteration(loader: DataLoader) -> list[str]:
 class H2DTimer:
     """Moves batches to the device, timed as ``transfer/h2d``.
 
-    On CUDA the copy is bracketed by CUDA events read back in groups, so the loop is not
-    synchronised on every batch; elsewhere the wall clock times the (synchronous) copy.
+    On CUDA the copy is bracketed by CUDA events read back in groups of ``FLUSH_EVERY``, so the
+    loop is not synchronised on every batch; elsewhere the wall clock times the (synchronous)
+    copy. ``event_factory`` and ``copy`` default to ``torch.cuda.Event(enable_timing=True)`` and
+    ``move_to``; tests pass stand-ins at that hardware boundary.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    FLUSH_EVERY = 32
+
+    def __init__(
+        self,
+        device: torch.device,
+        event_factory: Callable[[], Any] | None = None,
+        copy: Callable[[Any, torch.device, bool], Any] = move_to,
+    ) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.copy = copy
+        self.event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
         self.pending: list[tuple[Any, Any, int]] = []
 
     def move(self, batch: Any, non_blocking: bool, rec: Any) -> Any:
         if not self.cuda:
             t0 = clock()
-            out = move_to(batch, self.device, non_blocking)
+            out = self.copy(batch, self.device, non_blocking)
             rec.add("transfer/h2d", clock() - t0, 1, t0)
             return out
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start, end = self.event(), self.event()
         t0 = clock()
         start.record()
-        out = move_to(batch, self.device, non_blocking)
+        out = self.copy(batch, self.device, non_blocking)
         end.record()
         self.pending.append((start, end, t0))
-        if len(self.pending) >= 32:
+        if len(self.pending) >= self.FLUSH_EVERY:
             self.flush(rec)
         return out
 

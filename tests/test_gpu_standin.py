@@ -1,0 +1,117 @@
+"""The GPU paths with stand-ins at the torch.cuda boundary (this machine has no GPU).
+
+The Profiler's correction of compute time for asynchronous kernels and the CUDA-event timing of
+host-to-device copies run here against ``fake_cuda.FakeGPU``, whose clock the test moves as the
+"kernels" run. docs/gpu.md says what this does not prove and how to check it on a real GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from fake_cuda import FakeGPU
+
+from pipeprof import Profiler
+from pipeprof.collect.torch.loader import H2DTimer
+from pipeprof.core.recorder import Recorder
+
+
+def test_this_machine_has_no_gpu():
+    """Everything in this file is a stand-in. On a GPU machine this fails on purpose: there the
+    real paths are the ones to check (docs/gpu.md), not these."""
+    assert not torch.cuda.is_available()
+    pynvml = pytest.importorskip("pynvml")  # nvidia-ml-py is a dependency: never skipped here
+    with pytest.raises(pynvml.NVMLError):
+        pynvml.nvmlInit()
+
+
+class Slow:
+    """Batches that each take ``sleep_s`` to arrive (a loader that is slower than the GPU)."""
+
+    def __init__(self, n: int, sleep_s: float) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(self.sleep_s)
+            yield torch.full((4, 2), float(i))
+
+
+@pytest.mark.timing
+def test_wait_moves_to_compute_where_cuda_events_saw_the_gpu_busy():
+    """Kernels launched asynchronously run on while the CPU waits for the next batch: the CPU
+    sees almost no compute, CUDA events see 15 ms per step, and that time is compute, not wait."""
+    gpu, steps, kernel_ms, sleep_s = FakeGPU(), 12, 15.0, 0.02
+    syncs_in_loop = []
+    prof = Profiler(sample_hz=0, timer="cuda", event_factory=gpu.event)
+    with prof:
+        for _ in prof.wrap(Slow(steps, sleep_s)):
+            gpu.now_ms += kernel_ms  # this step's kernels, queued and returning at once
+            syncs_in_loop.append(gpu.syncs)
+    loop = prof.report()["loop"]
+    assert set(syncs_in_loop) == {0}, "the loop was synchronised per step"
+    assert loop["gpu_compute_s"] == pytest.approx(steps * kernel_ms / 1e3, abs=1e-9)
+    moved = loop["wait_moved_to_gpu_compute_s"]
+    cpu_compute = loop["compute_s"] - moved
+    assert 0 <= cpu_compute < 0.005  # the CPU side of each step is a few microseconds
+    assert moved == pytest.approx(steps * kernel_ms / 1e3 - cpu_compute, abs=1e-6)
+    raw_wait = loop["wait_s"] + moved
+    assert raw_wait >= steps * sleep_s * 0.99  # the sleeps, as the CPU waited them
+    # what is left as wait is the time the GPU had nothing to do: sleep - kernel per step
+    assert loop["wait_s"] == pytest.approx(raw_wait - steps * kernel_ms / 1e3 + cpu_compute)
+    assert loop["wait_s"] < raw_wait - 0.15
+
+
+def test_without_cuda_events_the_cpu_view_stands():
+    """The same loop on the CPU timer: no events, nothing moved (the correction is CUDA's)."""
+    prof = Profiler(sample_hz=0, timer="cpu")
+    with prof:
+        for _ in prof.wrap(Slow(4, 0.005)):
+            pass
+    loop = prof.report()["loop"]
+    assert loop["gpu_compute_s"] is None
+    assert loop["wait_moved_to_gpu_compute_s"] == 0
+
+
+def test_cuda_copies_are_timed_by_events_read_back_in_groups():
+    """transfer/h2d on CUDA: each copy bracketed by two events, read back every FLUSH_EVERY
+    copies (one synchronisation per copy then, none per step before)."""
+    gpu = FakeGPU()
+    copies = []
+
+    def copy(batch, device, non_blocking):
+        copies.append((device.type, non_blocking))
+        gpu.now_ms += 2.5  # the DMA engine copies for 2.5 ms
+        return batch
+
+    h2d = H2DTimer(torch.device("cuda"), event_factory=gpu.event, copy=copy)
+    rec = Recorder()
+    n = H2DTimer.FLUSH_EVERY
+    for i in range(n - 1):
+        assert h2d.move(i, True, rec) == i  # the batch the copy returned, unchanged
+    assert gpu.syncs == 0 and not rec.raw  # nothing read back yet
+    h2d.move(n, True, rec)
+    assert gpu.syncs == n and not h2d.pending
+    h2d.move(n + 1, True, rec)
+    h2d.flush(rec)
+    raw = rec.raw["transfer/h2d"]  # (start_ns, ns, n) per copy
+    durations = raw[1::3]
+    assert len(durations) == n + 1
+    assert set(durations) == {2_500_000}
+    assert copies == [("cuda", True)] * (n + 1)
+
+
+def test_cpu_copies_are_timed_by_the_clock():
+    """A device without events (the CPU): the wall clock times the synchronous copy."""
+
+    def copy(batch, device, non_blocking):
+        time.sleep(0.004)
+        return batch
+
+    h2d = H2DTimer(torch.device("cpu"), copy=copy)
+    rec = Recorder()
+    h2d.move("batch", False, rec)
+    (ns,) = rec.raw["transfer/h2d"][1::3]
+    assert ns >= 4_000_000
