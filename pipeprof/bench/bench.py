@@ -9,7 +9,6 @@ as ``profiler.py`` holds ``pipeprof.profile``.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -26,6 +25,7 @@ from pipeprof.bench.scaling import (
     usable_cores,
 )
 from pipeprof.bench.sources import Chain, Loaded, from_dataset, from_samples, pick
+from pipeprof.core.detect import is_torch_loader
 from pipeprof.render.result import Result
 
 SCALES_WELL = 0.9  # measured / linear scaling above this is called scaling
@@ -74,7 +74,7 @@ def bench(
     if any(k < 0 for k in counts):
         raise ValueError(f"workers must be 0 or more, got {counts}")
     loader_ws, context = None, None
-    if _is_loader(source):
+    if is_torch_loader(source):
         loader_ws, context = source.num_workers, source.multiprocessing_context
         batch_size = batch_size or source.batch_size or 1
         collate_fn = collate_fn or source.collate_fn
@@ -140,11 +140,6 @@ def _positive(name: str, value: Any, low: int) -> int:
 
 def _is_tf(obj: Any) -> bool:
     return any(c.__module__.startswith(("tensorflow", "keras")) for c in type(obj).__mro__)
-
-
-def _is_loader(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.utils.data.DataLoader)
 
 
 def _measure(

@@ -31,6 +31,7 @@ from pipeprof.bench.isolation import (
     time_calls,
 )
 from pipeprof.collect.torch.dataset import twin_dataset
+from pipeprof.core.detect import is_torch_loader
 
 Inputs = list[tuple[int, Any]]
 
@@ -327,7 +328,7 @@ def resolve(spec: str) -> tuple[Any, Any]:
         obj = getattr(module, attr)
     except AttributeError:
         raise ValueError(f"{mod_name} has no attribute {attr!r}") from None
-    is_factory = callable(obj) and not hasattr(obj, "__getitem__") and not _is_loader(obj)
+    is_factory = callable(obj) and not hasattr(obj, "__getitem__") and not is_torch_loader(obj)
     if isinstance(obj, type) or is_factory:
         obj = _call(obj, spec)
     if isinstance(obj, tuple) and len(obj) == 2:
@@ -369,8 +370,3 @@ def _call(factory: Callable[..., Any], spec: str) -> Any:
     except ValueError:  # no signature to read (some built-ins): try the call
         pass
     return factory()
-
-
-def _is_loader(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.utils.data.DataLoader)
