@@ -11,7 +11,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from pipeprof.collectors import tf_graph  # noqa: E402
+from pipeprof.collect.tf import graph as tf_graph  # noqa: E402
 
 import pipeprof  # noqa: E402
 from pipeprof.analyze.tf_rules import TF_RULES  # noqa: E402
