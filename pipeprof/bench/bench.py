@@ -26,6 +26,7 @@ from pipeprof.bench.scaling import (
 )
 from pipeprof.bench.sources import Chain, Loaded, from_dataset, from_samples, pick
 from pipeprof.core.detect import is_torch_loader
+from pipeprof.core.stats import figures
 from pipeprof.render.result import Result
 
 SCALES_WELL = 0.9  # measured / linear scaling above this is called scaling
@@ -374,11 +375,12 @@ def as_dict(b: Bench) -> dict[str, Any]:
     for r in b.stages:
         calls = b.calls.get(r.path, 1.0)
         st = r.stat
-        mean = st.mean_ns / 1e6 if st.count else math.nan
+        fig = figures(st)
+        mean = fig["mean_ms"] if fig["mean_ms"] is not None else math.nan
         stages[r.path] = {
-            "mean_ms": _r(mean),
-            "p50_ms": _r(st.percentile_ns(50) / 1e6),
-            "p95_ms": _r(st.percentile_ns(95) / 1e6),
+            "mean_ms": fig["mean_ms"],
+            "p50_ms": fig["p50_ms"],
+            "p95_ms": fig["p95_ms"],
             "cpu_ms": _r(r.cpu_ms),
             "samples_per_s": _r(1e3 / mean, 3) if mean > 0 else None,
             "share": _r(r.wall_ms * calls / total, 4),
