@@ -1,4 +1,7 @@
-"""Before/after comparison: the deltas, the verdict change, every output, the CLI."""
+"""Before/after comparison: the deltas, the verdict change, every output, the CLI.
+
+The inputs are real recorded Sessions (tests/golden/make_sessions.py): a loop limited by a 120 ms
+decode with 2 workers, the same loop with a 2 ms decode and 4 workers, and a loader alone."""
 
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from golden_reports import GOLDEN, assert_golden, loop_case
+from golden_reports import DESIGN, FIXED, GOLDEN, LOADER, LOOP, assert_golden, golden_report
 
-import pipeprof
 from pipeprof.analyze.compare import delta
+from pipeprof.render.figures import num
 from pipeprof.report import Comparison, compare
 
 BIN = Path(sys.executable).with_name("pipeprof")
@@ -20,7 +23,11 @@ BIN = Path(sys.executable).with_name("pipeprof")
 
 @pytest.fixture(scope="module")
 def fix():
-    return loop_case()[0], loop_case(after=True)[0]
+    return golden_report(LOOP), golden_report(FIXED)
+
+
+def ids(report) -> set[str]:
+    return {f["id"] for f in report.findings}
 
 
 def test_delta():
@@ -44,20 +51,33 @@ def test_delta():
 
 
 def test_loop_before_and_after(fix):
-    c = compare(*fix)
+    before, after = fix
+    b, a = before.to_dict(), after.to_dict()
+    c = compare(before, after)
     d = c.to_dict()
     assert d["schema"] == "pipeprof-compare/1"
-    assert d["verdict"]["before"]["kind"] == "input-bound"
-    assert d["verdict"]["after"]["kind"] == "compute-bound" and d["verdict"]["changed"]
-    wait = d["loop"]["wait_fraction"]
-    assert wait["before"] > 0.5 and wait["after"] < 0.1 and wait["improved"] is True
-    assert d["loop"]["samples_per_s"]["ratio"] > 1.5
-    assert d["loop"]["samples_per_s"]["improved"] is True
-    crop = d["stages"]["transform/RandomResizedCrop"]["per_sample_ms"]
-    assert (crop["before"], crop["after"], crop["improved"]) == (2.0, 0.6, True)
+    assert d["verdict"]["before"]["kind"] == DESIGN[LOOP]["kind"] == "input-bound"
+    assert d["verdict"]["after"]["kind"] == DESIGN[FIXED]["kind"] == "compute-bound"
+    assert d["verdict"]["changed"]
+    assert d["verdict"]["before"]["stage"] == "load/decode"
+    wait = d["loop"]["wait_fraction"]  # of the steady state, as the verdict reads it
+    steady = (b["loop"]["steady"], a["loop"]["steady"])
+    assert (wait["before"], wait["after"]) == tuple(v["wait_fraction"] for v in steady)
+    assert wait["before"] > 3 * wait["after"] and wait["improved"] is True
+    rate = d["loop"]["samples_per_s"]
+    assert rate["before"] == b["loop"]["throughput"]["effective_samples_per_s"]
+    assert rate["after"] == a["loop"]["throughput"]["effective_samples_per_s"]
+    assert rate["ratio"] == pytest.approx(rate["after"] / rate["before"], rel=1e-5)
+    assert rate["ratio"] > 1.5 and rate["improved"] is True
+    decode = d["stages"]["load/decode"]["per_sample_ms"]
+    want = tuple(r["stages"]["load/decode"]["per_sample_ms"] for r in (b, a))
+    assert (decode["before"], decode["after"]) == want
+    assert decode["after"] < decode["before"] / 10 and decode["improved"] is True  # 120 → 2 ms
     assert d["overview"]["num_workers"] == {"before": 2, "after": 4}
-    assert {f["id"] for f in d["findings"]["resolved"]} == {"workers-needed", "dominant-stage"}
-    assert d["findings"]["new"] == [] and d["findings"]["remaining"] == []
+    assert {f["id"] for f in d["findings"]["resolved"]} == ids(before) - ids(after)
+    assert {f["id"] for f in d["findings"]["new"]} == ids(after) - ids(before)
+    assert {f["id"] for f in d["findings"]["remaining"]} == ids(before) & ids(after)
+    assert {"workers-needed", "dominant-stage"} <= ids(before) - ids(after)
     assert d["summary"][0] == "verdict: input-bound → compute-bound"
     json.dumps(d)
 
@@ -66,6 +86,17 @@ def test_golden_text_and_html(fix):
     c = compare(*fix)
     text = c.render("text")
     assert max(len(line) for line in text.splitlines()) <= 80 and "\x1b[" not in text
+    d = c.to_dict()
+    panel = [line.strip("│ ") for line in text.splitlines()[1:5]]
+    assert panel == d["summary"]  # the summary the comparison computed, line for line
+    rows = [line.split() for line in text.splitlines()]
+    rate = d["loop"]["samples_per_s"]
+    assert ["samples/s", num(rate["before"]), num(rate["after"]), f"×{rate['ratio']:.2f}"] in rows
+    for path, row in d["stages"].items():
+        ms = row["per_sample_ms"]
+        assert [path.rsplit("/", 1)[-1], num(ms["before"]), num(ms["after"])] in [
+            r[:3] for r in rows
+        ], path
     assert_golden("compare.txt", text)
     html = c.render("html")
     assert html.startswith("<!DOCTYPE html>") and "https://" not in html
@@ -77,16 +108,16 @@ def test_golden_text_and_html(fix):
 
 
 def test_report_compare_and_files(tmp_path):
-    a = pipeprof.load(GOLDEN / "loader-session.json")
+    a = golden_report(LOADER)
     same = a.compare(a)
     assert isinstance(same, Comparison)
     d = same.to_dict()
     assert not d["verdict"]["changed"] and d["loop"] is None
     assert all(s["per_sample_ms"]["improved"] is None for s in d["stages"].values())
     assert d["labels"] == {"before": "before", "after": "after"}
-    shutil.copy(GOLDEN / "loader-session.json", tmp_path / "b.json")
-    by_path = compare(GOLDEN / "loader-session.json", tmp_path / "b.json")
-    assert by_path.to_dict()["labels"] == {"before": "loader-session.json", "after": "b.json"}
+    shutil.copy(GOLDEN / LOADER, tmp_path / "b.json")
+    by_path = compare(GOLDEN / LOADER, tmp_path / "b.json")
+    assert by_path.to_dict()["labels"] == {"before": LOADER, "after": "b.json"}
     assert "<svg" in same._repr_html_() and "pipeprof compare" in str(same)
     assert same._repr_mimebundle_().keys() >= {"text/html", "text/plain"}
     assert "biggest stage change" not in str(same)  # nothing moved
@@ -100,27 +131,45 @@ def test_report_compare_and_files(tmp_path):
         compare(tmp_path / "other.json", tmp_path / "b.json")
 
 
-def test_stages_new_in_one_report_sit_under_their_parent(fix):
-    loader = pipeprof.load(GOLDEN / "loader-session.json")
-    order = list(compare(fix[0], loader).to_dict()["stages"])
-    assert order.index("load/read") < order.index("transform")  # not after collate
-    assert order.index("transform/RandomResizedCrop") < order.index("collate")
+@pytest.mark.parametrize("order", ["loop-loader", "loader-loop"])
+def test_stages_new_in_one_report_sit_under_their_parent(fix, order):
+    loop, loader = fix[0], golden_report(LOADER)
+    before, after = (loop, loader) if order == "loop-loader" else (loader, loop)
+    stages = list(compare(before, after).to_dict()["stages"])
+    assert set(stages) == set(before["stages"]) | set(after["stages"])
+    new = [p for p in after["stages"] if p not in before["stages"]]
+    assert new  # the loop has Flip and Normalize, the loader Resize
+    families = [p.split("/")[0] for p in stages]  # each family one block, in pipeline order
+    blocks = list(dict.fromkeys(families))
+    assert blocks == [f for f in ("load", "transform", "collate", "transfer") if f in families]
+    assert families == sorted(families, key=blocks.index)
+    for path in new:  # after its parent, not appended at the end
+        if "/" in path:
+            assert stages.index(path.rsplit("/", 1)[0]) < stages.index(path)
 
 
 def test_loader_against_loop_compares_stages_only(fix):
-    loader = pipeprof.load(GOLDEN / "loader-session.json")
+    loader = golden_report(LOADER)
     d = compare(loader, fix[0]).to_dict()
     assert d["loop"] is None and d["modes"] == {"before": "loader", "after": "loop"}
-    assert d["stages"]["load/read"]["per_sample_ms"]["after"] is None
-    assert d["stages"]["transform/RandomResizedCrop"]["per_sample_ms"]["before"] is None
-    compare(loader, fix[0]).render("text")
-    compare(loader, fix[0]).render("html")
+    assert d["stages"]["transform/Resize"]["per_sample_ms"]["after"] is None  # loader only
+    assert d["stages"]["transform/Flip"]["per_sample_ms"]["before"] is None  # loop only
+    crop = d["stages"]["transform/Crop"]["per_sample_ms"]
+    want = (loader["stages"]["transform/Crop"], fix[0]["stages"]["transform/Crop"])
+    assert (crop["before"], crop["after"]) == tuple(r["per_sample_ms"] for r in want)
+    text = compare(loader, fix[0]).render("text")
+    rows = [line.split() for line in text.splitlines()]
+    flip = d["stages"]["transform/Flip"]["per_sample_ms"]["after"]
+    resize = d["stages"]["transform/Resize"]["per_sample_ms"]["before"]
+    assert ["Flip", "n/a", num(flip), "n/a"] in rows  # a side that lacks a stage: n/a, not 0
+    assert ["Resize", num(resize), "n/a", "n/a"] in rows
+    assert 'class="chart compare-stages"' in compare(loader, fix[0]).render("html")
 
 
 def test_cli_compare(fix, tmp_path):
     before, after = tmp_path / "before.json", tmp_path / "after.json"
-    shutil.copy(GOLDEN / "loader-session.json", before)
-    shutil.copy(GOLDEN / "loader-session.json", after)
+    shutil.copy(GOLDEN / LOADER, before)
+    shutil.copy(GOLDEN / LOADER, after)
     res = subprocess.run(
         [str(BIN), "compare", str(before), str(after)],
         capture_output=True,
@@ -130,7 +179,8 @@ def test_cli_compare(fix, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "pipeprof compare: before.json → after.json" in res.stdout
-    assert "verdict: still balanced" in res.stdout and "\x1b[" not in res.stdout
+    kind = golden_report(LOADER).verdict["kind"]
+    assert f"verdict: still {kind}" in res.stdout and "\x1b[" not in res.stdout
     out = tmp_path / "c.html"
     res = subprocess.run(
         [sys.executable, "-m", "pipeprof", "compare", str(before), str(after), "-o", str(out)],

@@ -20,11 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from golden_reports import GOLDEN, loop_case
-
-import pipeprof
-from pipeprof.analyze.compare import compare
-from pipeprof.render.html import HTMLRenderer
+from golden_reports import FIXED, LOADER, LOOP, golden_report
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 FLAGS = [
@@ -189,15 +185,17 @@ def check_page(browser: Browser, html: str, name: str, tmp_path: Path) -> dict[s
 
 
 def test_loop_report_in_chromium(browser, tmp_path):
-    data, _ = loop_case()
-    charts = check_page(browser, HTMLRenderer().render_dict(data), "loop", tmp_path)
+    report = golden_report(LOOP)
+    charts = check_page(browser, report.render("html"), "loop", tmp_path)
     assert set(charts) == LOOP_CHARTS
     text = browser.evaluate("document.body.innerText")
-    assert "input-bound: the GPU waited for data" in text and "RandomResizedCrop" in text
+    assert report.verdict["headline"] in text and report.verdict["stage"] in text
+    series = browser.evaluate("document.querySelectorAll('svg.utilisation polyline').length")
+    assert series >= 2  # GPU and CPU lines drawn
 
 
 def test_saved_loader_report_in_chromium(browser, tmp_path):
-    report = pipeprof.load(GOLDEN / "loader-session.json")
+    report = golden_report(LOADER)
     path = report.write_html(tmp_path / "written.html")
     charts = check_page(browser, path.read_text(encoding="utf-8"), "loader", tmp_path)
     assert set(charts) == {"step-timeline", "stage-icicle", "workers"}
@@ -206,6 +204,6 @@ def test_saved_loader_report_in_chromium(browser, tmp_path):
 
 
 def test_comparison_in_chromium(browser, tmp_path):
-    html = compare(loop_case()[0], loop_case(after=True)[0]).render("html")
+    html = golden_report(LOOP).compare(golden_report(FIXED)).render("html")
     charts = check_page(browser, html, "compare", tmp_path)
     assert set(charts) == {"step-breakdown", "compare-stages"}

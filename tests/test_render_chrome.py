@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from golden_reports import GOLDEN, loop_case
+from golden_reports import GOLDEN, LOADER, LOOP, golden_report
 from pipelines import CostDataset, Scale, spin
 from torch.utils.data import DataLoader
 from torchvision import transforms
@@ -71,13 +71,13 @@ def processes(trace: dict[str, Any]) -> dict[str, int]:
 
 
 def test_loader_trace_has_a_track_per_worker_and_every_span():
-    report = pipeprof.load(GOLDEN / "loader-session.json")
+    report = golden_report(LOADER)
     trace = json.loads(report.render("chrome"))
     tracks = check_trace(trace)
     procs = processes(trace)
-    assert set(procs) == {"main process", "worker0", "worker1"}
     s = report.session
-    for w in ("worker0", "worker1"):
+    assert set(procs) == {"main process", *s.workers} and len(s.workers) == 2
+    for w in s.workers:
         assert procs[w] == s.workers[w].pid
         spans = [x for x in s.spans if x[0] == w]
         events = [e for (pid, _), evs in tracks.items() if pid == procs[w] for e in evs]
@@ -89,7 +89,7 @@ def test_loader_trace_has_a_track_per_worker_and_every_span():
 
 
 def test_stage_spans_become_inclusive_so_transforms_nest_in_load():
-    report = pipeprof.load(GOLDEN / "loader-session.json")
+    report = golden_report(LOADER)
     trace = build_trace(report.to_dict(), report.session)
     worker0 = processes(trace)["worker0"]
     events = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == worker0]
@@ -103,34 +103,50 @@ def test_stage_spans_become_inclusive_so_transforms_nest_in_load():
 
 
 def test_loop_trace_has_steps_regions_and_counters():
-    data, session = loop_case()
+    report = golden_report(LOOP)
+    data, session = report.to_dict(), report.session
     trace = build_trace(data, session)
     check_trace(trace)
     procs = processes(trace)
-    assert set(procs) == {"main process", "worker0", "worker1", "utilisation (sampled)"}
-    assert procs["main process"] == 4200  # the host sampler's main pid
+    assert set(procs) == {"main process", "utilisation (sampled)", *session.workers}
+    main_pid = [p["pid"] for p in data["host"]["per_process"] if p["role"] == "main"]
+    assert [procs["main process"]] == main_pid  # the host sampler's main pid
+    assert all(procs[w] == rec.pid for w, rec in session.workers.items())
     events = trace["traceEvents"]
     threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    assert {"main thread", "steps", "worker0", "worker1"} <= threads
+    assert {"main thread", "steps", *session.workers} <= threads
     steps = [e for e in events if e.get("cat") == "step"]
-    assert [e["name"] for e in steps] == [f"step {i}" for i in range(24)]
-    assert {e["name"] for e in events if e.get("cat") == "region"} == {"Forward", "Backward", "Log"}
+    assert [e["name"] for e in steps] == [f"step {i}" for i in range(data["loop"]["steps"])]
+    regions = [e for e in events if e.get("cat") == "region"]
+    assert {e["name"] for e in regions} == set(data["loop"]["regions"])
+    for name, r in data["loop"]["regions"].items():
+        durs = [e["dur"] for e in regions if e["name"] == name]
+        assert len(durs) == r["count"]
+        assert max(durs) == pytest.approx(r["max_ms"] * 1e3, abs=0.01)
     gpu = [e for e in events if e["name"] == "GPU 0 utilisation %"]
     known = [u for row in data["timeline"]["gpu"]["util"] for u in row if u is not None]
+    assert len(known) < sum(len(row) for row in data["timeline"]["gpu"]["util"])  # an n/a
     assert [e["args"]["util"] for e in gpu] == known  # the n/a sample is left out, not 0
     cpu = [e for e in events if e["name"] == "CPU % (all cores)"]
-    assert len(cpu) == len(data["timeline"]["cpu"]["t_s"])
-    first_wait = next(e for e in events if e["name"] == "wait for data")
-    assert first_wait["ts"] == pytest.approx(20_000)  # µs from the profile's start
-    assert trace["otherData"]["verdict"] == "input-bound"
+    assert [e["args"]["cpu"] for e in cpu] == [
+        c for c in data["timeline"]["cpu"]["cpu"] if c is not None
+    ]
+    waits = [e for e in events if e["name"] == "wait for data"]
+    t0 = min(session.start_ns, *(x[2] for x in session.spans))  # the trace's zero
+    first = session.loop.step_ring[0]
+    assert waits[0]["ts"] == pytest.approx((first[0] - t0) / 1e3, abs=0.002)  # µs, one clock
+    assert waits[0]["dur"] == pytest.approx(first[1] / 1e3, abs=0.002)
+    assert len(waits) == sum(1 for row in session.loop["step_ring"] if row[1] > 0)
+    assert trace["otherData"]["verdict"] == data["verdict"]["kind"] == "input-bound"
 
 
 def test_trace_from_a_report_dict_alone():
-    data, _ = loop_case()
+    data = golden_report(LOOP).to_dict()
     trace = build_trace(data)
     check_trace(trace)
     assert set(processes(trace)) == {"main process", "utilisation (sampled)"}
-    assert sum(e.get("cat") == "step" for e in trace["traceEvents"]) == 24
+    steps = sum(e.get("cat") == "step" for e in trace["traceEvents"])
+    assert steps == data["loop"]["steps"] == len(data["timeline"]["steps"])
 
 
 def test_inclusive_durations_and_lanes():
@@ -171,7 +187,7 @@ def test_real_training_loop_trace(tmp_path):
 
 
 def test_cli_writes_a_trace_by_flag_and_by_extension(tmp_path):
-    src = str(GOLDEN / "loader-session.json")
+    src = str(GOLDEN / LOADER)
     out = tmp_path / "run.trace.json"
     res = subprocess.run(
         [str(BIN), "report", src, "-o", str(out)], capture_output=True, text=True, timeout=120

@@ -11,10 +11,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from pipeprof.collect.tf import graph as tf_graph  # noqa: E402
-
 import pipeprof  # noqa: E402
 from pipeprof.analyze.tf_rules import TF_RULES  # noqa: E402
+from pipeprof.collect.tf import graph as tf_graph  # noqa: E402
 from pipeprof.collect.tf.dataset import ProfiledDataset  # noqa: E402
 from pipeprof.core.session import Session  # noqa: E402
 
