@@ -136,7 +136,7 @@ def test_loop_trace_has_steps_regions_and_counters():
     first = session.loop.step_ring[0]
     assert waits[0]["ts"] == pytest.approx((first[0] - t0) / 1e3, abs=0.002)  # µs, one clock
     assert waits[0]["dur"] == pytest.approx(first[1] / 1e3, abs=0.002)
-    assert len(waits) == sum(1 for row in session.loop["step_ring"] if row[1] > 0)
+    assert len(waits) == sum(1 for row in session.loop.step_ring if row[1] > 0)
     assert trace["otherData"]["verdict"] == data["verdict"]["kind"] == "input-bound"
 
 
