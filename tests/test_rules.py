@@ -21,6 +21,7 @@ import pytest
 import torch
 from pipelines import (
     AddNoise,
+    Cost,
     CostCollate,
     CostDataset,
     Scale,
@@ -36,6 +37,14 @@ import pipeprof
 
 clock = time.perf_counter_ns
 FRACTION_TOL = 0.03  # a loop fraction vs the one timed here: sleep jitter and pipeprof's own work
+# Severities follow the truth's side of each threshold. On a loaded machine sleeps overrun and the
+# truth can land near a threshold; within BAND of it either side is within the measurement's error.
+BAND = 0.03
+
+
+def side(share: float, threshold: float) -> bool | None:
+    """Whether the true ``share`` is at or above ``threshold``; None within BAND of it."""
+    return None if abs(share - threshold) < BAND else share >= threshold
 
 
 def findings(report: dict) -> dict[str, dict]:
@@ -106,32 +115,35 @@ def run_loop(loader, regions, warm: int = 1):
 @pytest.mark.timing
 @pytest.mark.parametrize(
     ("load_ms", "forward_ms", "severity"),
-    [(1.0, 9.0, "moderate"), (5.0, 5.0, "high")],  # about 10-15 % and about 50 % waiting
+    [(2.0, 18.0, "moderate"), (5.0, 5.0, "high")],  # about 10 % and about 50 % waiting
 )
 def test_input_bound_severity_follows_the_wait_share(load_ms, forward_ms, severity):
     loader = DataLoader(CostDataset(20, load_ms=load_ms), batch_size=1)
     report, true = run_loop(loader, [("Forward", forward_ms)])
     verdict = report["verdict"]
     share = true["wait"] / true["wall"]
-    assert verdict["kind"] == "input-bound" and verdict["severity"] == severity
-    assert verdict["stage"] == "load"
+    assert side(share, 0.05) is not False  # the truth: input-bound (a wait of 5 % or more)
+    assert verdict["kind"] == "input-bound" and verdict["stage"] == "load"
     assert verdict["fraction"] == pytest.approx(share, abs=FRACTION_TOL)
-    # the side of each threshold the truth is on, not only pipeprof's figure
-    assert (0.05 <= share < 0.20) if severity == "moderate" else share >= 0.20
+    high = side(share, 0.20)  # ``severity`` where the machine let the sleeps keep time
+    if high is not None:
+        assert verdict["severity"] == ("high" if high else "moderate")
 
 
 @pytest.mark.timing
 @pytest.mark.parametrize(
     ("h2d_ms", "forward_ms", "severity"),
-    [(1.5, 8.5, "moderate"), (6.0, 2.0, "high")],  # about 15 % and about 70 % copying
+    [(2.0, 18.0, "moderate"), (6.0, 2.0, "high")],  # about 10 % and about 70 % copying
 )
 def test_transfer_bound_verdict_and_transfer_finding(h2d_ms, forward_ms, severity):
     loader = DataLoader(CostDataset(20), batch_size=1)
     report, true = run_loop(loader, [("H2D", h2d_ms), ("Forward", forward_ms)])
     share = true["H2D"] / true["wall"]
     verdict = report["verdict"]
-    assert (verdict["kind"], verdict["severity"]) == ("transfer-bound", severity)
-    assert verdict["stage"] == "transfer/h2d"
+    assert verdict["kind"] == "transfer-bound" and verdict["stage"] == "transfer/h2d"
+    high = side(share, 0.20)  # ``severity`` where the machine let the sleeps keep time
+    if high is not None:
+        assert verdict["severity"] == ("high" if high else "moderate")
     assert verdict["fraction"] == pytest.approx(share, abs=FRACTION_TOL)
     f = findings(report)["transfer"]
     assert (f["severity"], f["stage"]) == ("warning", "transfer/h2d")
@@ -160,8 +172,9 @@ def test_overhead_bound_verdict_and_overhead_regions_finding():
 @pytest.mark.timing
 def test_small_copies_and_logging_leave_a_compute_bound_loop():
     """The near miss of the three above: 1 % each of copying and logging, data ready."""
-    loader = DataLoader(CostDataset(12), batch_size=1)
-    report, true = run_loop(loader, [("H2D", 0.3), ("Log", 0.3), ("Forward", 30.0)])
+    loader = DataLoader(CostDataset(8), batch_size=1)
+    report, true = run_loop(loader, [("H2D", 0.3), ("Log", 0.3), ("Forward", 60.0)])
+    assert max(true["wait"], true["H2D"], true["Log"]) / true["wall"] < 0.05 - BAND
     verdict = report["verdict"]
     assert verdict["kind"] == "compute-bound" and verdict["severity"] == "low"
     assert verdict["stage"] is None
@@ -201,8 +214,8 @@ def test_workers_needed_and_the_loop_what_ifs():
 def test_a_compute_bound_loop_needs_no_workers_and_a_loader_alone_no_loop_what_ifs():
     # in the main process: a batch from a worker costs about 2 ms to hand over (shared-memory
     # file descriptors), with or without pipeprof, which is a wait of its own
-    loader = DataLoader(CostDataset(20, load_ms=0.1), batch_size=4)
-    report, true = run_loop(loader, [("Forward", 50.0)])
+    loader = DataLoader(CostDataset(16, load_ms=0.1), batch_size=4)
+    report, true = run_loop(loader, [("Forward", 100.0)])
     assert true["wait"] / true["wall"] < 0.05
     assert report["verdict"]["kind"] == "compute-bound"
     assert "workers-needed" not in findings(report)
@@ -226,9 +239,11 @@ def test_no_workers_names_the_loading_rate(tmp_path):
 
 @pytest.mark.timing
 def test_workers_saturated_when_one_worker_is_always_busy(cores, tmp_path):
+    """The worker's busy share counts the whole profile, its start-up (fork: 0.05-0.15 s on a
+    loaded machine) included: 1.2 s of loading keeps that under 15 %."""
     n_cores = cores(8)
-    ds = CostDataset(300, load_ms=2.0, log_dir=str(tmp_path))
-    report = pipeprof.profile(DataLoader(ds, batch_size=4, num_workers=1)).to_dict()
+    ds = CostDataset(480, load_ms=2.5, log_dir=str(tmp_path))
+    report = pipeprof.profile(DataLoader(ds, batch_size=12, num_workers=1)).to_dict()
     f = findings(report)["workers-saturated"]
     ev = f["evidence"]
     assert (f["severity"], f["stage"]) == ("info", "load")
@@ -237,7 +252,7 @@ def test_workers_saturated_when_one_worker_is_always_busy(cores, tmp_path):
     load_s = sum(truth(str(tmp_path))["load"]) / 1e9
     assert ev["busy_fraction"] >= 0.85
     assert load_s / report["wall_s"] <= ev["busy_fraction"] <= load_s / report["wall_s"] + 0.08
-    assert ev["samples_per_s_per_worker"] == pytest.approx(300 / load_s, rel=0.12)
+    assert ev["samples_per_s_per_worker"] == pytest.approx(480 / load_s, rel=0.12)
     assert "no-workers" not in findings(report)
 
 
@@ -290,7 +305,8 @@ def test_threads_oversubscribed_in_a_loop(threads, extra):
 
 
 def _compose_run(tmp_path, ms: dict[str, float], load_ms: float = 0.0):
-    steps = [c(ms[c.__name__], str(tmp_path)) for c in (Scale, AddNoise) if c.__name__ in ms]
+    """Transforms that spin (exact wall time even on a loaded machine, unlike a sleep)."""
+    steps = [c(ms[c.__name__], str(tmp_path)) for c in (Cost, Scale, AddNoise) if c.__name__ in ms]
     ds = CostDataset(24, load_ms=load_ms, log_dir=str(tmp_path))
     ds.transform = transforms.Compose(steps)
     loader = DataLoader(ds, batch_size=4, collate_fn=CostCollate(0.0, str(tmp_path)))
@@ -302,26 +318,32 @@ def _compose_run(tmp_path, ms: dict[str, float], load_ms: float = 0.0):
 @pytest.mark.timing
 @pytest.mark.parametrize(
     ("ms", "severity"),
-    [({"Scale": 4.0}, "warning"), ({"Scale": 2.4, "AddNoise": 2.0}, "info")],
+    [({"Scale": 4.0}, "warning"), ({"Scale": 2.2, "AddNoise": 1.8}, "info")],  # ~95 %, ~55 %
 )
 def test_dominant_stage_share_and_severity(tmp_path, ms, severity):
     report, true = _compose_run(tmp_path, ms)
-    share = true["transform/Scale"] / sum(true.values())
-    assert (share >= 0.6) == (severity == "warning")
+    top = max(true, key=lambda k: true[k])  # Scale, unless a loaded machine stretched AddNoise
+    share = true[top] / sum(true.values())
+    assert side(share, 0.4)
     f = findings(report)["dominant-stage"]
-    assert (f["severity"], f["stage"]) == (severity, "transform/Scale")
+    assert f["stage"] == top
+    warning = side(share, 0.6)  # ``severity`` where the machine let the spins keep time
+    if warning is not None:
+        assert f["severity"] == ("warning" if warning else "info")
     assert f["evidence"]["share"] == pytest.approx(share, abs=0.05)
-    assert f["evidence"]["per_sample_ms"] == pytest.approx(
-        true["transform/Scale"] * 1e3 / 24, rel=0.1
-    )
-    assert "Scale runs on the CPU once per sample" in f["fix"]
+    assert f["evidence"]["per_sample_ms"] == pytest.approx(true[top] * 1e3 / 24, rel=0.1)
+    assert f"{top.split('/')[1]} runs on the CPU once per sample" in f["fix"]
 
 
 @pytest.mark.timing
 def test_no_dominant_stage_when_three_stages_share_the_work(tmp_path):
-    report, true = _compose_run(tmp_path, {"Scale": 1.0, "AddNoise": 1.0}, load_ms=1.0)
-    assert max(true.values()) / sum(true.values()) < 0.4  # truth: no stage has 40 %
-    assert "dominant-stage" not in findings(report)
+    report, true = _compose_run(tmp_path, {"Cost": 1.5, "Scale": 1.5, "AddNoise": 1.5})
+    top = max(true, key=lambda k: true[k])
+    dominant = side(true[top] / sum(true.values()), 0.4)  # about 33 % each
+    if dominant is False:
+        assert "dominant-stage" not in findings(report)
+    elif dominant:  # a loaded machine stretched one of them
+        assert findings(report)["dominant-stage"]["stage"] == top
 
 
 @pytest.mark.timing
