@@ -405,7 +405,8 @@ def test_profiler_overhead_from_many_empty_stages(tmp_path):
     assert over["events"] >= 40 * ticks
     true_s = sum(truth(str(tmp_path))["ticks"]) / 1e9  # what the empty stages cost, timed around
     assert 0.5 * true_s <= over["estimated_s"] <= 2.0 * true_s
-    # the share of the profile: pipeprof's denominator is busier than the wall (see the report)
+    # the share of the profile's time: pipeprof divides by stage time + wait, which with
+    # num_workers=0 counts the loading twice (it runs inside the wait), so about 0.5-0.7x
     assert 0.3 * true_s / report["wall_s"] <= f["evidence"]["estimated_fraction"] <= 1.0
     assert f["evidence"]["estimated_fraction"] == over["estimated_fraction"]
 
