@@ -129,3 +129,19 @@ def test_files_interleaved_in_parallel_on_every_core():
     report, _ = run(ds)
     assert report["meta"]["tf"]["bottleneck"]["stage"] == "load/Generator"  # still read-bound
     assert "tf-interleave" not in findings(report)
+
+
+@pytest.mark.timing
+def test_files_interleaved_with_autotune_get_no_interleave_finding():
+    """tf.data's own idiom: AUTOTUNE for both. TensorFlow stores the cycle_length it picked (on 2
+    cores: 1) in the graph, not AUTOTUNE, so the rule must not read it as "one at a time"."""
+    auto = tf.data.AUTOTUNE
+    ds = (
+        tf.data.Dataset.range(2)
+        .interleave(lambda i: source(6.0, 12), cycle_length=auto, num_parallel_calls=auto)
+        .batch(4)
+        .prefetch(1)
+    )
+    report, _ = run(ds)
+    assert report["meta"]["tf"]["bottleneck"]["stage"] == "load/Generator"  # still read-bound
+    assert "tf-interleave" not in findings(report), findings(report).get("tf-interleave")
