@@ -131,7 +131,6 @@ def test_files_interleaved_in_parallel_on_every_core():
     assert "tf-interleave" not in findings(report)
 
 
-@pytest.mark.timing
 def test_files_interleaved_with_autotune_get_no_interleave_finding():
     """tf.data's own idiom: AUTOTUNE for both. TensorFlow stores the cycle_length it picked (on 2
     cores: 1) in the graph, not AUTOTUNE, so the rule must not read it as "one at a time"."""
