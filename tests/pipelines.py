@@ -196,3 +196,53 @@ class Pairs(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+class SkewedIterable(CostIterable):
+    """``CostIterable`` whose worker ``slow`` pays ``factor`` times ``load_ms`` per sample; each
+    worker logs its true load time as ``worker<id>``."""
+
+    def __init__(self, n: int, load_ms: float, log_dir: str, slow: int = 1, factor: float = 3.0):
+        super().__init__(n, load_ms, log_dir)
+        self.slow, self.factor = slow, factor
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = info.id if info is not None else 0
+        ms = self.load_ms * (self.factor if wid == self.slow else 1.0)
+        for i in range(self.n)[wid :: info.num_workers if info is not None else 1]:
+            t0 = time.perf_counter_ns()
+            time.sleep(ms / 1e3)
+            log(self.log_dir, f"worker{wid}", time.perf_counter_ns() - t0)
+            yield torch.full((3,), float(i))
+
+
+class SlowInit:
+    """A ``worker_init_fn`` that sleeps ``ms`` and logs its true duration as ``init``."""
+
+    def __init__(self, ms: float, log_dir: str) -> None:
+        self.ms, self.log_dir = ms, log_dir
+
+    def __call__(self, worker_id: int) -> None:
+        t0 = time.perf_counter_ns()
+        time.sleep(self.ms / 1e3)
+        log(self.log_dir, "init", time.perf_counter_ns() - t0)
+
+
+class TickDataset(CostDataset):
+    """Each sample opens ``ticks`` empty ``pipeprof.stage("tick")`` regions and logs what the
+    whole run of them cost (``ticks``): pipeprof's own time, since the stages hold no work."""
+
+    def __init__(self, n: int, ticks: int, log_dir: str, load_ms: float = 0.0) -> None:
+        super().__init__(n, load_ms=load_ms)
+        self.ticks, self.tick_log = ticks, log_dir
+
+    def __getitem__(self, i: int):
+        import pipeprof
+
+        t0 = time.perf_counter_ns()
+        for _ in range(self.ticks):
+            with pipeprof.stage("tick"):
+                pass
+        log(self.tick_log, "ticks", time.perf_counter_ns() - t0)
+        return super().__getitem__(i)

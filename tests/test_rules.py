@@ -1,0 +1,420 @@
+"""Every torch finding, verdict and loop what-if fires on a real pipeline built to trigger it, and
+stays quiet on a near miss. Costs are injected (sleeps, spins) and timed by the code that pays
+them, so the evidence each finding carries is checked against that truth.
+
+The core count is hardware: where a rule compares worker counts with cores, ``cores`` fixes what
+``os.cpu_count()`` says (the figure the collector records in ``meta.cpu_count``), so the test means
+the same on a 2-core laptop and a 64-core server. Samplers are off (``sample_hz=0``) so no host
+sampler's ``psutil.cpu_count()`` overrides it.
+
+Not here: ``pin-memory`` fires only for a CUDA device (``check_device`` refuses ``cuda`` without
+one); it belongs with the GPU stand-ins.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+import torch
+from pipelines import (
+    AddNoise,
+    Cost,
+    CostCollate,
+    CostDataset,
+    Scale,
+    SkewedIterable,
+    SlowInit,
+    TickDataset,
+    truth,
+)
+from torch.utils.data import DataLoader
+from torchvision import transforms
+
+import pipeprof
+
+clock = time.perf_counter_ns
+FRACTION_TOL = 0.03  # a loop fraction vs the one timed here: sleep jitter and pipeprof's own work
+# Severities follow the truth's side of each threshold. On a loaded machine sleeps overrun and the
+# truth can land near a threshold; within BAND of it either side is within the measurement's error.
+BAND = 0.03
+
+
+def side(share: float, threshold: float) -> bool | None:
+    """Whether the true ``share`` is at or above ``threshold``; None within BAND of it."""
+    return None if abs(share - threshold) < BAND else share >= threshold
+
+
+def findings(report: dict) -> dict[str, dict]:
+    return {f["id"]: f for f in report["findings"]}
+
+
+def what_if(report: dict) -> dict[str, dict]:
+    return {w["kind"]: w for w in report["what_if"] if w["kind"] != "workers"}
+
+
+@pytest.fixture
+def cores(monkeypatch):
+    """Make this machine report ``n`` cores (see the module's docstring)."""
+
+    def set_cores(n: int) -> int:
+        monkeypatch.setattr(os, "cpu_count", lambda: n)
+        return n
+
+    return set_cores
+
+
+@pytest.fixture
+def threads():
+    """Set torch's intra-op threads for one test, then put them back."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def run_loop(loader, regions, warm: int = 1):
+    """Iterate ``loader`` under a Profiler; each step runs ``regions`` ((name, ms) sleeps) in turn.
+
+    Returns the report and the truth timed here over the steady steps (the first ``warm`` steps
+    are start-up, as pipeprof counts them): seconds per region name, wait and wall, and the
+    samples and compute seconds over all steps (for the compute rate).
+    """
+    prof = pipeprof.Profiler(sample_hz=0)
+    steps = []  # (t_request, wait_ns, {region: ns}, samples)
+    with prof:
+        it = iter(prof.wrap(loader))
+        while True:
+            t0 = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                t_end = t0
+                break
+            wait = clock() - t0
+            spent = {}
+            for name, ms in regions:
+                with prof.region(name):
+                    r0 = clock()
+                    time.sleep(ms / 1e3)
+                    spent[name] = clock() - r0
+            steps.append((t0, wait, spent, len(batch[0])))
+    steady = steps[warm:]
+    true = {"wall": (t_end - steady[0][0]) / 1e9, "wait": sum(s[1] for s in steady) / 1e9}
+    for name, _ in regions:
+        true[name] = sum(s[2][name] for s in steady) / 1e9
+    true["samples"] = sum(s[3] for s in steps)
+    true["forward_all"] = sum(s[2].get("Forward", 0) for s in steps) / 1e9
+    return prof.report().to_dict(), true
+
+
+# ---- loop verdicts and their severities ------------------------------------------------------
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize(
+    ("load_ms", "forward_ms", "severity"),
+    [(2.0, 18.0, "moderate"), (5.0, 5.0, "high")],  # about 10 % and about 50 % waiting
+)
+def test_input_bound_severity_follows_the_wait_share(load_ms, forward_ms, severity):
+    loader = DataLoader(CostDataset(20, load_ms=load_ms), batch_size=1)
+    report, true = run_loop(loader, [("Forward", forward_ms)])
+    verdict = report["verdict"]
+    share = true["wait"] / true["wall"]
+    assert side(share, 0.05) is not False  # the truth: input-bound (a wait of 5 % or more)
+    assert verdict["kind"] == "input-bound" and verdict["stage"] == "load"
+    assert verdict["fraction"] == pytest.approx(share, abs=FRACTION_TOL)
+    high = side(share, 0.20)  # ``severity`` where the machine let the sleeps keep time
+    if high is not None:
+        assert verdict["severity"] == ("high" if high else "moderate")
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize(
+    ("h2d_ms", "forward_ms", "severity"),
+    [(2.0, 18.0, "moderate"), (6.0, 2.0, "high")],  # about 10 % and about 70 % copying
+)
+def test_transfer_bound_verdict_and_transfer_finding(h2d_ms, forward_ms, severity):
+    loader = DataLoader(CostDataset(20), batch_size=1)
+    report, true = run_loop(loader, [("H2D", h2d_ms), ("Forward", forward_ms)])
+    share = true["H2D"] / true["wall"]
+    verdict = report["verdict"]
+    assert verdict["kind"] == "transfer-bound" and verdict["stage"] == "transfer/h2d"
+    high = side(share, 0.20)  # ``severity`` where the machine let the sleeps keep time
+    if high is not None:
+        assert verdict["severity"] == ("high" if high else "moderate")
+    assert verdict["fraction"] == pytest.approx(share, abs=FRACTION_TOL)
+    f = findings(report)["transfer"]
+    assert (f["severity"], f["stage"]) == ("warning", "transfer/h2d")
+    assert f["evidence"]["transfer_fraction"] == pytest.approx(share, abs=FRACTION_TOL)
+    assert f["evidence"]["pin_memory"] is False and "pin_memory=True" in f["fix"]
+
+
+@pytest.mark.timing
+def test_overhead_bound_verdict_and_overhead_regions_finding():
+    loader = DataLoader(CostDataset(20), batch_size=1)
+    report, true = run_loop(loader, [("Log", 4.0), ("Forward", 4.0)])
+    share = true["Log"] / true["wall"]
+    verdict = report["verdict"]
+    assert (verdict["kind"], verdict["severity"], verdict["stage"]) == (
+        "overhead-bound",
+        "high",
+        None,
+    )
+    assert verdict["fraction"] == pytest.approx(share, abs=FRACTION_TOL)
+    f = findings(report)["overhead-regions"]
+    assert (f["severity"], f["stage"]) == ("warning", None)
+    assert f["evidence"]["region"] == "Log" and "'Log'" in f["fix"]
+    assert f["evidence"]["overhead_fraction"] == pytest.approx(share, abs=FRACTION_TOL)
+
+
+@pytest.mark.timing
+def test_small_copies_and_logging_leave_a_compute_bound_loop():
+    """The near miss of the three above: 1 % each of copying and logging, data ready."""
+    loader = DataLoader(CostDataset(8), batch_size=1)
+    report, true = run_loop(loader, [("H2D", 0.3), ("Log", 0.3), ("Forward", 60.0)])
+    assert max(true["wait"], true["H2D"], true["Log"]) / true["wall"] < 0.05 - BAND
+    verdict = report["verdict"]
+    assert verdict["kind"] == "compute-bound" and verdict["severity"] == "low"
+    assert verdict["stage"] is None
+    assert verdict["fraction"] == pytest.approx(true["Forward"] / true["wall"], abs=FRACTION_TOL)
+    assert not {"transfer", "overhead-regions", "workers-needed"} & set(findings(report))
+
+
+# ---- workers: needed, none, saturated, too many ----------------------------------------------
+
+
+@pytest.mark.timing
+def test_workers_needed_and_the_loop_what_ifs():
+    """One worker makes 4 ms samples; the loop computes a 4-sample batch in 4 ms (1000/s)."""
+    loader = DataLoader(CostDataset(48, load_ms=4.0), batch_size=4, num_workers=1)
+    report, true = run_loop(loader, [("Forward", 4.0)], warm=1)
+    compute_rate = true["samples"] / true["forward_all"]
+    loop_rate = report["loop"]["throughput"]["compute_samples_per_s"]
+    # compute is the step outside the wait, a little more than the Forward region
+    assert compute_rate * 0.85 <= loop_rate <= compute_rate * 1.01
+    assert report["verdict"]["kind"] == "input-bound" and report["verdict"]["severity"] == "high"
+    f = findings(report)["workers-needed"]
+    ev = f["evidence"]
+    assert (f["severity"], f["stage"]) == ("critical", "load")
+    assert ev["compute_samples_per_s"] == loop_rate and ev["num_workers"] == 1
+    per_worker = ev["samples_per_s_per_worker"]
+    assert 1000 / 4.0 * 0.8 <= per_worker <= 1000 / 4.0  # 4 ms of sleep plus the worker's overhead
+    assert ev["workers_needed"] == math.ceil(loop_rate / per_worker)
+    assert ev["workers_needed"] >= math.ceil(compute_rate * 0.85 / 250)  # about 4 from the truth
+    rows = what_if(report)
+    assert rows["data-free"]["samples_per_s"] == pytest.approx(loop_rate, abs=0.1)
+    k = rows["workers-for-compute"]["workers"]
+    assert k is not None and ev["workers_needed"] - 1 <= k <= ev["workers_needed"] + 1
+    assert rows["workers-for-compute"]["samples_per_s"] == pytest.approx(loop_rate, abs=0.1)
+
+
+@pytest.mark.timing
+def test_a_compute_bound_loop_needs_no_workers_and_a_loader_alone_no_loop_what_ifs():
+    # in the main process: a batch from a worker costs about 2 ms to hand over (shared-memory
+    # file descriptors), with or without pipeprof, which is a wait of its own
+    loader = DataLoader(CostDataset(16, load_ms=0.1), batch_size=4)
+    report, true = run_loop(loader, [("Forward", 100.0)])
+    assert true["wait"] / true["wall"] < 0.05
+    assert report["verdict"]["kind"] == "compute-bound"
+    assert "workers-needed" not in findings(report)
+    assert {"data-free", "workers-for-compute"} <= set(what_if(report))
+    alone = pipeprof.profile(loader).to_dict()  # no loop: no compute rate to feed
+    assert alone["what_if"] and not {"data-free", "workers-for-compute"} & set(what_if(alone))
+
+
+@pytest.mark.timing
+def test_no_workers_names_the_loading_rate(tmp_path):
+    ds = CostDataset(40, load_ms=2.0, log_dir=str(tmp_path))
+    loader = DataLoader(ds, batch_size=4, collate_fn=CostCollate(0.0, str(tmp_path)))
+    report = pipeprof.profile(loader).to_dict()
+    f = findings(report)["no-workers"]
+    assert (f["severity"], f["stage"]) == ("warning", "load")
+    true = truth(str(tmp_path))
+    true_rate = 40 / ((sum(true["load"]) + sum(true["collate"])) / 1e9)
+    assert f["evidence"]["samples_per_s_per_worker"] == pytest.approx(true_rate, rel=0.12)
+    assert f["evidence"]["cores"] == os.cpu_count()
+
+
+@pytest.mark.timing
+def test_workers_saturated_when_one_worker_is_always_busy(cores, tmp_path):
+    """The worker's busy share counts the whole profile, its start-up (fork: 0.05-0.15 s on a
+    loaded machine) included: 1.2 s of loading keeps that under 15 %."""
+    n_cores = cores(8)
+    ds = CostDataset(480, load_ms=2.5, log_dir=str(tmp_path))
+    report = pipeprof.profile(DataLoader(ds, batch_size=12, num_workers=1)).to_dict()
+    f = findings(report)["workers-saturated"]
+    ev = f["evidence"]
+    assert (f["severity"], f["stage"]) == ("info", "load")
+    assert (ev["num_workers"], ev["cores"]) == (1, n_cores)
+    assert f"num_workers={n_cores - 1}" in f["fix"]
+    load_s = sum(truth(str(tmp_path))["load"]) / 1e9
+    assert ev["busy_fraction"] >= 0.85
+    assert load_s / report["wall_s"] <= ev["busy_fraction"] <= load_s / report["wall_s"] + 0.08
+    assert ev["samples_per_s_per_worker"] == pytest.approx(480 / load_s, rel=0.12)
+    assert "no-workers" not in findings(report)
+
+
+@pytest.mark.timing
+def test_an_idle_worker_behind_slow_compute_is_not_saturated(cores):
+    cores(8)
+    loader = DataLoader(CostDataset(40, load_ms=1.0), batch_size=4, num_workers=1)
+    report, _ = run_loop(loader, [("Forward", 20.0)])
+    assert report["workers"][0]["busy_fraction"] < 0.5  # 4 ms of work per 20 ms step
+    assert not {"workers-saturated", "no-workers", "cpu-oversubscribed"} & set(findings(report))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers", [3, 2])
+def test_cpu_oversubscribed_when_workers_outnumber_cores(cores, workers):
+    n_cores = cores(2)
+    loader = DataLoader(CostDataset(12, load_ms=1.0), batch_size=2, num_workers=workers)
+    found = findings(pipeprof.profile(loader).to_dict())
+    if workers <= n_cores:
+        assert "cpu-oversubscribed" not in found
+        return
+    f = found["cpu-oversubscribed"]
+    assert (f["severity"], f["stage"]) == ("warning", None)
+    ev = f["evidence"]
+    assert (ev["num_workers"], ev["cores"]) == (3, 2)
+    assert ev["torch_threads"] == torch.get_num_threads()
+    assert "num_workers=1" in f["fix"]
+
+
+@pytest.mark.parametrize("extra", [1, 0])  # 1 worker + cores threads: one too many; then none
+def test_threads_oversubscribed_in_a_loop(threads, extra):
+    n_cores = os.cpu_count() or 1
+    n_threads = max(1, n_cores - 1 + extra)
+    threads(n_threads)
+    loader = DataLoader(CostDataset(8), batch_size=2, num_workers=1)
+    report, _ = run_loop(loader, [("Forward", 1.0)])
+    found = findings(report)
+    if 1 + n_threads <= n_cores:
+        assert "threads-oversubscribed" not in found
+        return
+    f = found["threads-oversubscribed"]
+    assert (f["severity"], f["stage"]) == ("warning", None)
+    assert f["evidence"] == {"num_workers": 1, "torch_threads": n_threads, "cores": n_cores}
+    assert f"set_num_threads({max(1, n_cores - 1)})" in f["fix"]
+    # a loader profiled alone has no training process to oversubscribe
+    assert "threads-oversubscribed" not in findings(pipeprof.profile(loader).to_dict())
+
+
+# ---- the pipeline: dominant stage, imbalance, start-up, pipeprof's own overhead ----------------
+
+
+def _compose_run(tmp_path, ms: dict[str, float], load_ms: float = 0.0):
+    """Transforms that spin (exact wall time even on a loaded machine, unlike a sleep)."""
+    steps = [c(ms[c.__name__], str(tmp_path)) for c in (Cost, Scale, AddNoise) if c.__name__ in ms]
+    ds = CostDataset(24, load_ms=load_ms, log_dir=str(tmp_path))
+    ds.transform = transforms.Compose(steps)
+    loader = DataLoader(ds, batch_size=4, collate_fn=CostCollate(0.0, str(tmp_path)))
+    report = pipeprof.profile(loader).to_dict()
+    true = {k: sum(v) / 1e9 for k, v in truth(str(tmp_path)).items()}
+    return report, true
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize(
+    ("ms", "severity"),
+    [({"Scale": 4.0}, "warning"), ({"Scale": 2.2, "AddNoise": 1.8}, "info")],  # ~95 %, ~55 %
+)
+def test_dominant_stage_share_and_severity(tmp_path, ms, severity):
+    report, true = _compose_run(tmp_path, ms)
+    top = max(true, key=lambda k: true[k])  # Scale, unless a loaded machine stretched AddNoise
+    share = true[top] / sum(true.values())
+    assert side(share, 0.4)
+    f = findings(report)["dominant-stage"]
+    assert f["stage"] == top
+    warning = side(share, 0.6)  # ``severity`` where the machine let the spins keep time
+    if warning is not None:
+        assert f["severity"] == ("warning" if warning else "info")
+    assert f["evidence"]["share"] == pytest.approx(share, abs=0.05)
+    assert f["evidence"]["per_sample_ms"] == pytest.approx(true[top] * 1e3 / 24, rel=0.1)
+    assert f"{top.split('/')[1]} runs on the CPU once per sample" in f["fix"]
+
+
+@pytest.mark.timing
+def test_no_dominant_stage_when_three_stages_share_the_work(tmp_path):
+    report, true = _compose_run(tmp_path, {"Cost": 1.5, "Scale": 1.5, "AddNoise": 1.5})
+    top = max(true, key=lambda k: true[k])
+    dominant = side(true[top] / sum(true.values()), 0.4)  # about 33 % each
+    if dominant is False:
+        assert "dominant-stage" not in findings(report)
+    elif dominant:  # a loaded machine stretched one of them
+        assert findings(report)["dominant-stage"]["stage"] == top
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("factor", [3.0, 1.0])
+def test_worker_imbalance_when_one_worker_pays_three_times_more(tmp_path, factor):
+    ds = SkewedIterable(40, load_ms=3.0, log_dir=str(tmp_path), slow=1, factor=factor)
+    report = pipeprof.profile(DataLoader(ds, batch_size=4, num_workers=2)).to_dict()
+    true = truth(str(tmp_path))
+    busy = [sum(true[f"worker{i}"]) / 1e9 for i in range(2)]
+    true_ratio = max(busy) / (sum(busy) / 2)
+    found = findings(report)
+    if factor == 1.0:
+        assert true_ratio < 1.1 and "worker-imbalance" not in found
+        return
+    f = found["worker-imbalance"]
+    assert (f["severity"], f["stage"]) == ("info", None)
+    assert "worker 1 " in f["message"]
+    ev = f["evidence"]
+    assert ev["ratio"] == pytest.approx(true_ratio, abs=0.12)  # about 1.5
+    assert ev["busiest_busy_s"] == pytest.approx(busy[1], rel=0.12)
+
+
+@pytest.mark.timing
+def test_slow_startup_from_a_slow_worker_init_fn(tmp_path):
+    loader = DataLoader(
+        CostDataset(40, load_ms=2.0),
+        batch_size=4,
+        num_workers=2,
+        worker_init_fn=SlowInit(300.0, str(tmp_path)),
+    )
+    report = pipeprof.profile(loader).to_dict()
+    f = findings(report)["slow-startup"]
+    assert (f["severity"], f["stage"]) == ("info", None)
+    init_s = max(truth(str(tmp_path))["init"]) / 1e9  # each worker slept once, in parallel
+    ev = f["evidence"]
+    assert init_s <= ev["startup_s"] <= init_s + 0.25  # + the fork and the first batch (8 ms)
+    assert ev["wall_s"] == report["wall_s"] and ev["startup_s"] / ev["wall_s"] >= 0.25
+    assert "persistent_workers=True" in f["fix"]
+
+
+@pytest.mark.timing
+def test_no_slow_startup_when_the_run_is_long_next_to_the_fork():
+    loader = DataLoader(CostDataset(200, load_ms=4.0), batch_size=2, num_workers=2)
+    t0 = clock()
+    report = pipeprof.profile(loader).to_dict()
+    assert (clock() - t0) / 1e9 >= 0.4  # 200 × 4 ms over two workers
+    assert report["startup_s"] / report["wall_s"] < 0.25
+    assert "slow-startup" not in findings(report)
+
+
+@pytest.mark.timing
+def test_profiler_overhead_from_many_empty_stages(tmp_path):
+    ticks = 300
+    loader = DataLoader(TickDataset(40, ticks, str(tmp_path)), batch_size=4)
+    report = pipeprof.profile(loader).to_dict()
+    f = findings(report)["profiler-overhead"]
+    assert (f["severity"], f["stage"]) == ("warning", None)
+    over = report["overhead"]
+    assert over["events"] >= 40 * ticks
+    true_s = sum(truth(str(tmp_path))["ticks"]) / 1e9  # what the empty stages cost, timed around
+    assert 0.5 * true_s <= over["estimated_s"] <= 2.0 * true_s
+    # the share of the profile's time: pipeprof divides by stage time + wait, which with
+    # num_workers=0 counts the loading twice (it runs inside the wait), so about 0.5-0.7x
+    assert 0.3 * true_s / report["wall_s"] <= f["evidence"]["estimated_fraction"] <= 1.0
+    assert f["evidence"]["estimated_fraction"] == over["estimated_fraction"]
+
+
+@pytest.mark.timing
+def test_no_profiler_overhead_for_a_few_stages_around_real_work(tmp_path):
+    loader = DataLoader(TickDataset(40, 3, str(tmp_path), load_ms=2.0), batch_size=4)
+    report = pipeprof.profile(loader).to_dict()
+    assert report["overhead"]["events"] >= 40 * 3
+    assert report["overhead"]["estimated_fraction"] < 0.02
+    assert "profiler-overhead" not in findings(report)
