@@ -226,7 +226,9 @@ def rule_tf_interleave(report: dict[str, Any], facts: dict[str, Any]) -> Finding
     if inter:
         op = inter[-1]
         cycle, calls = op.get("cycle_length"), op.get("num_parallel_calls")
-        if calls == AUTOTUNE and (cycle in (AUTOTUNE, None) or cycle >= cores):
+        # TensorFlow saves the cycle length it picked for AUTOTUNE (1 on 2 cores), not AUTOTUNE:
+        # with parallel calls on AUTOTUNE the user's choice cannot be told from TF's own
+        if calls == AUTOTUNE or (cycle is not None and cycle >= cores and calls and calls > 1):
             return None
         fix = (
             f"interleave(..., cycle_length={max(cores, cycle or 0)}, num_parallel_calls="
