@@ -116,7 +116,10 @@ def test_figures_without_workers_match_truth(tmp_path):
     assert lat["count"] == 11
     mean_s = statistics.fmean(later)
     assert mean_s <= lat["mean_ms"] / 1e3 <= mean_s * 1.05 + 0.0005
-    assert lat["p50_ms"] / 1e3 == pytest.approx(statistics.median(later), rel=0.05)
+    # percentiles come from a histogram good to 3 % (tests/test_stats.py), and every wait also
+    # holds the loader's and pipeprof's untimed work (about half a millisecond a batch)
+    median = statistics.median(later)
+    assert median * 0.97 <= lat["p50_ms"] / 1e3 <= median * 1.03 + 0.002
     assert max(later) <= lat["max_ms"] / 1e3 <= max(later) * 1.05 + 0.010
 
     # steady: the samples after batch 0 over the time from its arrival to the end of the run
