@@ -203,7 +203,14 @@ def test_predictions_match_real_runs_on_known_costs():
     assert waiting.scaling[-1]["samples_per_s"] > 2.5 * waiting.scaling[0]["samples_per_s"]
     busy = bench_within([Spin(3.0)], [1])
     p = busy.predict(workers=1)
-    assert float(p) == pytest.approx(busy.scaling[0]["predicted_samples_per_s"], rel=1e-4)
+    # a worker alone makes a batch of 4 × 3 ms of CPU (thread time: however busy the machine),
+    # plus collate and the hand-over, about 1 ms: within 15 % below 4 / 12 ms
+    alone = busy.predict(workers=1, background=0)
+    assert 0.85 * 4 / 0.012 <= float(alone) <= 4 / 0.012
+    # what the probe saw other programs use can only slow it down; their load changes between
+    # the probe and the run (docs/bench.md: predict() off by 10-40 % under load)
+    assert float(p) <= float(alone) * 1.001
+    assert float(p) == pytest.approx(busy.scaling[0]["samples_per_s"], rel=0.4)
     assert busy.predict(workers=1, speedup={"transform/Spin": 2}) > 1.6 * p
     assert busy.predict(workers=1, cached=["transform/Spin"]) > 10 * p
     fed = busy.predict(workers=1, compute_rate=10 * float(p))

@@ -15,5 +15,8 @@ def test_import_pipeprof_imports_no_framework_or_hardware_library():
 def test_public_api_is_small():
     import pipeprof
 
-    assert {"profile", "load", "stage", "Report", "Timer"} <= set(pipeprof.__all__)
+    assert set(pipeprof.__all__) == {
+        "Bench", "Profiler", "Report", "Session", "Timer", "__version__", "bench", "load",
+        "profile", "stage",
+    }  # fmt: skip
     assert all(hasattr(pipeprof, name) for name in pipeprof.__all__)

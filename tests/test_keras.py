@@ -54,7 +54,7 @@ def model(units: int):
     return m
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: a timing re-run must fit the model again, not re-read one result
 def input_bound():
     TRUTH.clear()
     ds = data(slow=True)
@@ -63,6 +63,7 @@ def input_bound():
     return cb.report().to_dict(), statistics.fmean(TRUTH) / 1e6
 
 
+@pytest.mark.timing
 def test_input_bound_fit(input_bound):
     data_, per_sample_ms = input_bound
     assert data_["framework"] == "tf" and data_["mode"] == "loop"
@@ -82,6 +83,7 @@ def test_input_bound_fit(input_bound):
     assert data_["samples"] == 18 * BATCH
 
 
+@pytest.mark.timing
 def test_steps_per_execution_counts_every_batch():
     """Keras calls the batch hooks once per execution of steps_per_execution batches."""
     TRUTH.clear()

@@ -300,9 +300,15 @@ def test_gpu_not_sampled_and_interrupted_and_empty_reports_render(loop):
     assert "GPU not sampled: no NVIDIA driver" in html and "interrupted" in html
     empty = pipeprof.Session(batches=0, samples=0)
     report = pipeprof.Report(empty)
-    for fmt in FORMATS:
-        assert report.render(fmt)
-    assert report["verdict"]["headline"] == "nothing to attribute: no batch was measured"
+    headline = report["verdict"]["headline"]
+    assert headline == "nothing to attribute: no batch was measured"
+    text = report.render("text")
+    assert headline in text and "0 (0 samples)" in text
+    assert json.loads(report.render("json")) == report.to_dict()
+    assert headline in report.render("html")
+    trace = json.loads(report.render("chrome"))
+    assert trace["otherData"]["headline"] == headline
+    assert not [e for e in trace["traceEvents"] if e["ph"] == "X"]  # no batch, no span
     prof = pipeprof.Profiler(sample_hz=0)
     with prof:  # a loop that ends before its first batch: no claim about compute
         for _ in prof.wrap([]):

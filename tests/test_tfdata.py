@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -198,6 +199,7 @@ def test_tf_rules_ignore_torch_reports():
     assert all(rule(report, {"cores": 2}) is None for rule in TF_RULES)
 
 
+@pytest.mark.timing
 def test_profiler_busy_falls_back_to_a_prefix_benchmark(tmp_path):
     TRUTH.clear()
     ds = tf.data.Dataset.range(60).map(costly("bench", 4.0)).batch(4)
@@ -259,6 +261,7 @@ def test_function_names_from_the_graph():
     assert tf_graph.stage_for("PaddedBatchV2", "", {}) == "collate"
 
 
+@pytest.mark.timing
 def test_loop_wrap_eager_and_tf_function_steps(tmp_path):
     TRUTH.clear()
     step = tf.function(lambda b: tf.reduce_sum(tf.cast(b, tf.float32)))
@@ -276,8 +279,16 @@ def test_loop_wrap_eager_and_tf_function_steps(tmp_path):
     report = prof.report()
     data = report.to_dict()
     assert data["loop"]["epochs"] == 2 and data["batches"] == 14
-    for fmt in ("text", "html", "chrome", "json"):
-        assert report.render(fmt)
+    headline = data["verdict"]["headline"]
+    text = report.render("text")
+    assert headline in " ".join(text.replace("│", " ").split())  # wrapped in its box
+    assert "14 (28 samples)" in text
+    html = report.render("html")
+    assert headline in html and 'data-stage="transform/load"' in html
+    trace = json.loads(report.render("chrome"))
+    assert trace["otherData"]["headline"] == headline
+    assert "transform/load" in {e["name"] for e in trace["traceEvents"]}
+    assert json.loads(report.render("json")) == data
     path = report.save(tmp_path / "tf.json")
     assert (
         pipeprof.load(path).to_dict()["meta"]["tf"]["bottleneck"]

@@ -188,11 +188,14 @@ def test_persistent_workers_over_epochs(ctx):
     profiled = ProfiledLoader(loader, session)
     torch.manual_seed(0)
     first = list(profiled)
+    pids = {track: w.pid for track, w in session.workers.items()}
     second = list(profiled)  # same workers, second epoch
     assert all(same(a, b) for a, b in zip(plain, first)) and len(first) == len(plain)
     assert len(second) == len(plain)
     assert session.batches == 2 * len(plain)
-    assert len({w.pid for w in session.workers.values()}) == 2
+    assert len(set(pids.values())) == 2
+    # the second epoch's batches came from the very processes of the first: none respawned
+    assert {track: w.pid for track, w in session.workers.items()} == pids
 
 
 def test_profile_reports_samples_and_stages_for_each_option():
@@ -218,8 +221,17 @@ def test_batches_limit_and_device_transfer():
 def test_pin_memory_is_timed_in_the_pin_thread():
     loader = DataLoader(CostDataset(16), batch_size=4, num_workers=2, pin_memory=True)
     if not torch.cuda.is_available():
-        # torch pins only with an accelerator; the carrier still passes through unchanged
-        assert pipeprof.profile(loader)["batches"] == 4
+        # torch pins only with an accelerator: the profiled loader gets pin_memory=True too, so
+        # torch warns and starts no pin thread; nothing is pinned, so no pin time is reported,
+        # and the batches pass through unchanged
+        with pytest.warns(UserWarning, match="no accelerator is found"):
+            report = pipeprof.profile(loader)
+        assert report["batches"] == 4 and report["samples"] == 16
+        assert report["meta"]["pin_memory"] is True
+        assert "transfer/pin" not in report["stages"] and "transfer" not in report["stages"]
+        plain = batches_of(loader, profiled=False)
+        profiled = batches_of(loader, profiled=True)
+        assert len(profiled) == 4 and all(same(a, b) for a, b in zip(plain, profiled))
         return
     assert pipeprof.profile(loader)["stages"]["transfer/pin"]["count"] == 4  # pragma: no cover
 
