@@ -282,6 +282,7 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
         elif not first:
             s.wait.add(wait)
         s.batch_ring.append((s.batches, "main", begin + wait, wait, per, 0))
+        s.arrived(begin + wait, per)
         s.spans.append(("main", "keras.train_step/wait", begin, wait))
         s.batches += n
         s.samples += per

@@ -21,7 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset
 from torchvision import transforms
 
 import pipeprof
-from pipeprof import session as session_module
+from pipeprof.core import session as session_module
 
 N, BS = 48, 4  # 12 batches
 LOAD_MS, TRANSFORM_MS, COLLATE_MS = 2.0, 2.0, 0.5  # sleep, sleep, spin

@@ -130,18 +130,26 @@ def throughput(session: Session) -> tuple[dict[str, Any], dict[str, Any]]:
         "samples_per_s": round(session.samples / wall, 3) if wall else None,
         "batches_per_s": round(session.batches / wall, 3) if wall else None,
     }
-    first = session.batch_ring[0] if session.batch_ring else None
     steady: dict[str, Any] = {"samples_per_s": None, "batches_per_s": None, "wall_s": None}
-    if first is not None and session.batches > 1 and session.first_batch_ns is not None:
-        t_first = first[2]
-        steady_wall = (session.end_ns - t_first) / 1e9
+    t_first, first_samples, t_last = _steady_window(session)
+    if t_first is not None and session.batches > 1 and session.first_batch_ns is not None:
+        steady_wall = (t_last - t_first) / 1e9
         if steady_wall > 0:
             steady = {
-                "samples_per_s": round((session.samples - first[4]) / steady_wall, 3),
+                "samples_per_s": round((session.samples - first_samples) / steady_wall, 3),
                 "batches_per_s": round((session.batches - 1) / steady_wall, 3),
                 "wall_s": round(steady_wall, 6),
             }
     return overall, steady
+
+
+def _steady_window(session: Session) -> tuple[int | None, int, int]:
+    """From the first batch's arrival to the last one's; files from before those fields were
+    kept read the batch ring and the end of the profile."""
+    if session.first_ready_ns is not None:
+        return session.first_ready_ns, session.first_samples, session.last_ready_ns
+    first = session.batch_ring[0] if session.batch_ring else None
+    return (first[2], first[4], session.end_ns) if first is not None else (None, 0, 0)
 
 
 def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:

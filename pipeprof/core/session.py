@@ -122,6 +122,11 @@ class Session:
     workers: dict[str, WorkerRecord] = field(default_factory=dict)
     # the consumer's side: time blocked in next(), batch by batch
     first_batch_ns: int | None = None  # from iter() to the first batch (start-up)
+    # the steady window: from the first batch's arrival to the last one's (not to the end of the
+    # profile: the last next() of an epoch also shuts the workers down)
+    first_ready_ns: int | None = None
+    first_samples: int = 0
+    last_ready_ns: int = 0
     wait: Stat = field(default_factory=Stat)  # waits after the first batch
     batches: int = 0
     samples: int = 0
@@ -182,8 +187,15 @@ class Session:
         if span is not None:
             self.spans.append(("main", span, t0, t1 - t0))
         self.batch_ring.append((self.batches, track, t1, t1 - t0, samples, busy_ns))
+        self.arrived(t1, samples)
         self.batches += 1
         self.samples += samples
+
+    def arrived(self, t_ns: int, samples: int) -> None:
+        """A batch of ``samples`` reached the consumer at ``t_ns`` (the steady window's ends)."""
+        if self.first_ready_ns is None:
+            self.first_ready_ns, self.first_samples = t_ns, samples
+        self.last_ready_ns = t_ns
 
     def worker(self, track: str, pid: int) -> WorkerRecord:
         rec = self.workers.get(track)
@@ -210,6 +222,9 @@ class Session:
             "stages": {t: {p: s.to_dict() for p, s in st.items()} for t, st in self.stages.items()},
             "workers": {t: w.to_dict() for t, w in self.workers.items()},
             "first_batch_ns": self.first_batch_ns,
+            "first_ready_ns": self.first_ready_ns,
+            "first_samples": self.first_samples,
+            "last_ready_ns": self.last_ready_ns,
             "wait": self.wait.to_dict(),
             "batches": self.batches,
             "samples": self.samples,
@@ -240,6 +255,9 @@ class Session:
             start_ns=data.get("start_ns", 0),
             end_ns=data.get("end_ns", 0),
             first_batch_ns=data.get("first_batch_ns"),
+            first_ready_ns=data.get("first_ready_ns"),
+            first_samples=data.get("first_samples", 0),
+            last_ready_ns=data.get("last_ready_ns", 0),
             wait=Stat.from_dict(data.get("wait", {})),
             batches=data.get("batches", 0),
             samples=data.get("samples", 0),
