@@ -84,26 +84,29 @@ class StepLog:
 
     def end(self, handed: int, t_end: int) -> None:
         """Close the step whose batch was handed over at ``handed`` (NOTE [ Step attribution ])."""
-        transfer_before, overhead_before, part = self._marks
+        transfer_before, overhead_before, _ = self._marks
         cpu = t_end - handed
-        user_transfer = min(cpu, self._class_ns["transfer"] - transfer_before)
-        overhead = min(cpu - user_transfer, self._class_ns["overhead"] - overhead_before)
-        self._close(part, cpu - user_transfer - overhead, overhead, user_transfer)
+        user = min(cpu, self._class_ns["transfer"] - transfer_before)
+        overhead = min(cpu - user, self._class_ns["overhead"] - overhead_before)
+        self.close(cpu - user - overhead, overhead, user)
 
     def add(self, t_req: int, wait: int, compute: int, overhead: int, first: bool) -> None:
         """A whole step measured from outside (Keras' batch hooks): no regions, no copy."""
         self.begin(t_req, wait, 0, first)
-        self._close(self._marks[2], compute, overhead, 0)
+        self.close(compute, overhead, 0)
 
-    def _close(self, part: dict[str, list[int]], compute: int, overhead: int, user: int) -> None:
+    def close(self, compute: int, overhead: int, user_transfer: int) -> None:
+        """The open step's compute, overhead and the user's own transfer regions, in ns."""
+        part = self._marks[2]
         part["compute"].append(compute)
         part["overhead"].append(overhead)
-        part["user_transfer"].append(user)
+        part["user_transfer"].append(user_transfer)
         row = self.record.step_ring[-1]
-        row[2] += user
+        row[2] += user_transfer
         row[3] = compute
-        part["step"].append(row[1] + row[2] + compute + overhead)
-        if len(part["step"]) >= FOLD_EVERY:
+        steps = part["step"]
+        steps.append(row[1] + row[2] + compute + overhead)
+        if len(steps) >= FOLD_EVERY:
             self.fold()
 
     def fold(self) -> None:

@@ -187,7 +187,9 @@ class Session:
         if span is not None:
             self.spans.append(("main", span, t0, t1 - t0))
         self.batch_ring.append((self.batches, track, t1, t1 - t0, samples, busy_ns))
-        self.arrived(t1, samples)
+        if self.first_ready_ns is None:  # ``arrived``, inline: this runs once per batch
+            self.first_ready_ns, self.first_samples = t1, samples
+        self.last_ready_ns = t1
         self.batches += 1
         self.samples += samples
 
