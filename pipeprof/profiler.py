@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeprof.collect.loop import GenericSource, StepLog, h2d_ns
+from pipeprof.collect.loop import GenericSource, StepLog, h2d_ns, run_alone
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
@@ -381,18 +381,7 @@ def profile(loader: Any, *, batches: int | None = None, device: Any = None) -> R
 
     session = Session(framework="torch", mode="loader")
     session.overhead_ns = measure_overhead()
-    profiled = ProfiledLoader(loader, session, device)
-    session.start_ns = clock()
-    batches_iter = iter(profiled)
-    try:
-        for i, _ in enumerate(batches_iter):
-            if batches is not None and i + 1 >= batches:
-                break
-    except KeyboardInterrupt:
-        session.interrupted = True
-    finally:
-        batches_iter.close()  # type: ignore[attr-defined]
-        session.end_ns = clock()
+    run_alone(ProfiledLoader(loader, session, device), session, batches)
     if session.batches == 0 and not session.interrupted:
         raise ValueError(
             "the loader yielded no batches: is its dataset empty, or is drop_last=True "

@@ -123,6 +123,26 @@ class StepLog:
                 values.clear()
 
 
+def run_alone(source: Iterable[Any], session: Session, batches: int | None) -> None:
+    """Iterate a profiled ``source`` with no training step, ``batches`` batches (None: all).
+
+    Ctrl-C stops it and marks the session interrupted. The profile ends when the last batch is
+    in, before the source is closed: shutting workers down or parsing a trace is not the
+    pipeline's time.
+    """
+    session.start_ns = clock()
+    it = iter(source)
+    try:
+        for i, _ in enumerate(it):
+            if batches is not None and i + 1 >= batches:
+                break
+    except KeyboardInterrupt:
+        session.interrupted = True
+    finally:
+        session.end_ns = clock()
+        it.close()  # type: ignore[attr-defined]
+
+
 def h2d_ns(rec: Any, session: Session) -> int:
     """Host-to-device time recorded so far (the torch collector times it on the main recorder)."""
     raw = rec.raw.get("transfer/h2d")

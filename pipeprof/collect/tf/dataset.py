@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from pipeprof.collect.loop import run_alone
 from pipeprof.collect.tf import graph as tf_graph
 from pipeprof.collect.tf import trace as tf_trace
 from pipeprof.collect.tf.capture import Capture
@@ -265,18 +266,7 @@ def profile_dataset(dataset: Any, batches: int | None = None, device: Any = None
         raise ValueError("the dataset has no elements (cardinality 0): give it data")
     session = Session(framework="tf", mode="loader")
     session.overhead_ns = measure_overhead()
-    profiled = ProfiledDataset(dataset, session, device, trace_batches=None)
-    session.start_ns = clock()
-    elements = iter(profiled)
-    try:
-        for i, _ in enumerate(elements):
-            if batches is not None and i + 1 >= batches:
-                break
-    except KeyboardInterrupt:
-        session.interrupted = True
-    finally:
-        session.end_ns = clock()  # before the trace is parsed: that is not the pipeline's time
-        elements.close()  # type: ignore[attr-defined]
+    run_alone(ProfiledDataset(dataset, session, device, trace_batches=None), session, batches)
     if session.batches == 0 and not session.interrupted:
         raise ValueError(
             "the dataset yielded no elements: is it empty, or does a filter or "
