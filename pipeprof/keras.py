@@ -6,8 +6,8 @@ no Python seam sees it. The callback times each step from ``on_train_batch_begin
 ``on_train_batch_end`` and, for a window of ``trace_steps`` steps, runs the TensorFlow
 profiler: the root iterator's ``GetNext`` events (``Iterator::Root``) that fall inside a step
 are the time that step waited for data, and the rest of the step is compute. The same trace
-gives the pipeline's stage breakdown (tf_trace.py). The window stays inside one epoch's training
-steps (it ends at validation), and the report covers the traced steps only.
+gives the pipeline's stage breakdown (collect/tf/trace.py). The window stays inside one epoch's
+training steps (it ends at validation), and the report covers the traced steps only.
 
 Where the profiler cannot run, or with ``differential=True``, a differential run measures
 compute alone after training: ``train_on_batch`` on ``replay_batches`` batches cached in memory,

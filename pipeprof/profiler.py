@@ -1,6 +1,6 @@
 """The public entry points of collection: ``Profiler`` for a training loop, ``profile`` for a
-data pipeline on its own, ``load`` for a saved report. Each collects into a Session and hands
-it to a Report (collect → Session → analyze → Report → render; docs/architecture.md)."""
+data pipeline on its own. Each collects into a Session and hands it to a Report
+(collect → Session → analyze → Report → render; docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Loop-mode analysis: a training loop's time split into wait, transfer, compute and overhead.
 
-Pure functions over the Session (see NOTE [ Step attribution ] in loop.py for how steps are cut).
+Pure functions over the Session (NOTE [ Step attribution ] in collect/loop.py says how steps
+are cut).
 """
 
 from __future__ import annotations

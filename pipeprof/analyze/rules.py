@@ -39,7 +39,7 @@ _FIXES = {
 
 def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
     path, total = facts["limiting"], facts["pipeline_s"]
-    if path is None or not total or report.get("framework") == "tf":  # tf: see tf_findings
+    if path is None or not total or report.get("framework") == "tf":  # tf: see tf_rules.py
         return None
     row = report["stages"][path]
     share = row["total_s"] / total
@@ -293,5 +293,5 @@ RULES: list[Rule] = [
     rule_slow_startup,
     rule_pin_memory,
     rule_overhead,
-    *TF_RULES,  # tf.data's terms (pipeprof/collectors/tf_findings.py); None for torch reports
+    *TF_RULES,  # tf.data's terms (tf_rules.py); None for torch reports
 ]

@@ -2,7 +2,7 @@
 
 Pure functions over a ``Model`` (plain numbers); nothing here measures, prints or imports a
 framework. ``pipeprof.bench`` builds a Model from stand-alone stage timings, and the Report's
-``what_if`` list (whatif_report.py) builds one from a profile's stage totals.
+``what_if`` list (scenarios.py) builds one from a profile's stage totals.
 
 NOTE [ Worker pool model ]
 A loader with ``k`` workers is a closed loop of ``k`` processes. A worker makes a batch of ``B``

@@ -60,7 +60,7 @@ def bench(
     16). ``probe`` measures how busy the cores are with other programs (0.25 s).
 
     A tf.data pipeline is benchmarked prefix by prefix (each op's marginal cost per sample, see
-    pipeprof/collectors/tf_benchview.py) and gives a ``TFBench``; ``workers`` does not apply.
+    bench/tf.py) and gives a ``TFBench``; ``workers`` does not apply.
     """
     if _is_tf(source):
         if transforms is not None or workers is not None:

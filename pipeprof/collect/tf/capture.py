@@ -2,7 +2,7 @@
 
 ``Capture`` starts and stops ``tf.profiler.experimental`` into a temporary folder; ``events``
 reads the host plane of the XSpace it wrote (``logdir/plugins/profile/<run>/*.xplane.pb``, parsed
-with the protobuf classes TensorFlow ships) into the few event kinds tf_trace.py analyses, with
+with the protobuf classes TensorFlow ships) into the few event kinds trace.py analyses, with
 times converted to ``time.perf_counter_ns``: an event's wall-clock time is the capture's
 ``profile_start_time`` plus its line's ``timestamp_ns`` plus its ``offset_ps``.
 """
@@ -88,7 +88,7 @@ def read_space(logdir: str) -> Any:
 
 
 class Event:
-    """One traced event: times in perf_counter ns, the stats tf_trace needs, and its links."""
+    """One traced event: times in perf_counter ns, the stats trace.py needs, and its links."""
 
     __slots__ = (
         "children",

@@ -3,8 +3,8 @@
 NOTE [ tf.data collection ]
 A tf.data pipeline runs in TensorFlow's C++ threads: no Python seam sees its stages. While the
 first ``trace_batches`` elements are taken, the TensorFlow profiler (host tracer only) records
-every iterator's GetNext, and tf_trace.py turns that into per-stage work, waits and TensorFlow's
-bottleneck (NOTE [ tf.data iterator events ]). tf_graph.py names the stages from the dataset's
+every iterator's GetNext, and trace.py turns that into per-stage work, waits and TensorFlow's
+bottleneck (NOTE [ tf.data iterator events ]). graph.py names the stages from the dataset's
 graph: sources -> ``load/<Kind>``, each ``map``/``filter`` -> ``transform/<the function's name>``,
 ``batch``/``padded_batch`` -> ``collate``, device copies -> ``transfer/h2d``; ``shuffle``,
 ``cache`` and ``prefetch`` keep their names. The user's dataset is not changed: the elements

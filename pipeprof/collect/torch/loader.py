@@ -4,7 +4,7 @@ NOTE [ Worker timing transport ]
 The profiled loader is a new ``DataLoader`` built with the user's arguments (a DataLoader refuses
 to have its dataset replaced, and the user's objects are never mutated) around four picklable
 wrappers: the dataset (``load`` per sample), its transforms (one stage each, see
-torch_transforms.py), ``collate_fn`` and ``worker_init_fn``. The collate wrapper runs last in a
+dataset.py), ``collate_fn`` and ``worker_init_fn``. The collate wrapper runs last in a
 worker for every batch: it drains the worker's recorder and returns ``Carrier(batch, records)``.
 The carrier travels through the loader's own result queue, is pinned by the pin-memory thread
 (which calls ``Carrier.pin_memory``, where pin time is measured) and is unwrapped by the iterator
