@@ -4,9 +4,12 @@ data pipeline on its own. Each collects into a Session and hands it to a Report
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pipeprof.collect.loop import GenericSource, StepLog, h2d_ns, run_alone
@@ -79,6 +82,8 @@ class Profiler:
                 f"replay must be a whole number of batches >= 0 to keep for Profiler.replay(), "
                 f"got {replay!r}"
             )
+        if stream is not None:
+            _check_writable(stream, "stream")
         self.device = device
         self.sample_hz = sample_hz
         self.gpus = gpus
@@ -96,6 +101,7 @@ class Profiler:
         self._cached: list[Any] = []
         self._twins: list[tuple[Any, Any]] = []
         self._gpu_events: list[tuple[Any, Any]] = []
+        self._stream_failed = False
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -137,7 +143,7 @@ class Profiler:
         if rec.raw:
             s.merge(rec.drain())
         if self.stream:
-            s.save(self.stream)
+            self._save_stream()
 
     def __enter__(self) -> Profiler:
         return self.start()
@@ -303,9 +309,25 @@ class Profiler:
         # a snapshot of a loop still running: if the process dies now, the file says partial
         was, s.interrupted = s.interrupted, True
         try:
-            s.save(self.stream)
+            self._save_stream()
         finally:
             s.interrupted = was
+
+    def _save_stream(self) -> None:
+        """Save the session to ``stream``. A write that fails (folder removed, disk full) warns
+        once and leaves a note; it never raises into the loop or masks the loop's exception."""
+        assert self.stream is not None
+        try:
+            self.session.save(self.stream)
+        except OSError as exc:
+            if not self._stream_failed:
+                self._stream_failed = True
+                msg = (
+                    f"pipeprof could not write the stream file {self.stream} ({exc}); profiling "
+                    "goes on in memory: save the report at the end with report.save(path)"
+                )
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                self.session.notes.append(msg)
 
     # ---- replay baseline ----------------------------------------------------------------------
 
@@ -338,6 +360,18 @@ class Profiler:
         }
         self._steps_log.record.replay = result
         return result
+
+
+def _check_writable(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse an output file that cannot be written, before any work is done."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{what}={str(path)!r} is a folder: give a file path such as run.json")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ValueError(f"{what}={str(path)!r}: the folder {folder} does not exist: create it")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{what}={str(path)!r} cannot be written here: choose another path")
 
 
 def _sync() -> None:
@@ -393,7 +427,7 @@ def profile(loader: Any, *, batches: int | None = None, device: Any = None) -> R
 def _check_not_empty(loader: Any) -> None:
     try:
         n = len(loader)
-    except TypeError:  # an IterableDataset without __len__: find out by iterating
+    except Exception:  # an IterableDataset without a (working) __len__: find out by iterating
         return
     if n == 0:
         raise ValueError(
@@ -405,5 +439,5 @@ def _check_not_empty(loader: Any) -> None:
 def _len(dataset: Any) -> str:
     try:
         return str(len(dataset))
-    except TypeError:
+    except Exception:
         return "unknown"

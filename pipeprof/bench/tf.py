@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeprof.collect.tf.prefix import time_elements
 from pipeprof.collect.tf.prefix import walk as prefix_walk
+from pipeprof.render.figures import visible
 from pipeprof.render.result import Result
 
 
@@ -101,7 +102,7 @@ class TFBench(Result):
         t.add_column("stage", no_wrap=True)
         for col in ("+ms/sample", "p95 ms", "share", "samples/s"):
             t.add_column(col, justify="right", no_wrap=True)
-        for r in self.to_dict()["stages"]:
+        for r in visible(self.to_dict())["stages"]:
             t.add_row(Text(r["stage"]), f"{r['marginal_ms_per_sample']:.3g}",
                       f"{r['p95_ms_per_sample'] or 0:.3g}", f"{r['share'] or 0:.0%}",
                       f"{r['samples_per_s'] or 0:.0f}")  # fmt: skip
@@ -124,7 +125,7 @@ class TFBench(Result):
             rows = "".join(
                 f"<tr><td>{escape(r['op'])}</td><td>{escape(r['stage'])}</td>"
                 f"<td>{r['marginal_ms_per_sample']:.3g}</td><td>{r['share'] or 0:.0%}</td></tr>"
-                for r in self.to_dict()["stages"]
+                for r in visible(self.to_dict())["stages"]
             )
             table = ("<table><tr><th>op</th><th>stage</th><th>+ms/sample</th><th>share</th></tr>"
                      f"{rows}</table>")  # fmt: skip

@@ -12,6 +12,15 @@ its time stays inside the parent's total (``load/decode`` is part of ``load``). 
 opened inside another (a dataset's ``__getitem__`` calling its transform) is *detached*: its time
 is subtracted from the enclosing stage, so ``load`` is ``__getitem__`` minus the transform, as
 DESIGN.md defines it.
+
+NOTE [ Whose records ]
+Profiling is on while at least one profile runs in the process (``begin``/``end`` count them),
+and off again, with nothing kept, when the last one ends. Records go to a *sink*: while a profiled
+iteration runs its pipeline on a thread (``enter``/``leave`` around its ``next()``), what that
+thread records is that iteration's; anything else (the loop's own ``pipeprof.stage`` regions, a
+dataset's helper threads, a worker process) goes to the process's shared sink, which the first
+profile to begin drains. So concurrent profiles in two threads and a ``profile()`` nested in a
+profiled loop each keep their own records. A frame remembers its sink when it opens.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ class _Stacks(threading.local):
     """Open frames, one stack per thread: a dataset may time work in its own thread pool."""
 
     def __init__(self) -> None:
-        self.stack: list[list[Any]] = []  # open frames: [path, detached ns, start ns, stack]
+        self.stack: list[list[Any]] = []  # open frames: [path, detached ns, start, stack, sink]
+        self.raw: dict[str, list[int]] | None = None  # this thread's sink (None: the shared one)
 
 
 class Recorder:
@@ -47,6 +57,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.enabled = False
+        self.active = 0  # profiles running in this process (NOTE [ Whose records ])
+        self._lock = threading.Lock()
         self.track = "main"
         self.pid = os.getpid()
         self.raw: dict[str, list[int]] = {}
@@ -62,13 +74,43 @@ class Recorder:
         """Start afresh as ``track`` (a forked worker inherits its parent's recorder)."""
         self.track = track
         self.pid = os.getpid()
+        self.active = 0
         self.raw = {}
         self._stacks = _Stacks()
         self._main = self._stacks.stack
 
+    def begin(self) -> tuple[dict[str, list[int]], bool]:
+        """A profile starts: profiling is on. Returns its own sink and whether it is the first
+        profile running, which also takes the shared sink's records (NOTE [ Whose records ])."""
+        with self._lock:
+            first = self.active == 0
+            if first:
+                self.raw = {}  # nothing recorded before a profile ran belongs to it
+            self.active += 1
+            self.enabled = True
+        return {}, first
+
+    def end(self) -> None:
+        """A profile ended; when it was the last one, profiling is off and nothing is kept."""
+        with self._lock:
+            self.active = max(0, self.active - 1)
+            if not self.active:
+                self.enabled = False
+                self.raw = {}
+
+    def enter(self, sink: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
+        """This thread records into ``sink`` until ``leave``; returns the sink it had."""
+        st = self._stacks
+        before, st.raw = st.raw, sink
+        return before
+
+    def leave(self, before: dict[str, list[int]] | None) -> None:
+        self._stacks.raw = before
+
     def open(self, path: str) -> list[Any]:
-        stack = self._stacks.stack
-        frame = [path, 0, 0, stack]
+        st = self._stacks
+        stack = st.stack
+        frame = [path, 0, 0, stack, st.raw]
         stack.append(frame)
         frame[2] = clock()
         return frame
@@ -83,9 +125,10 @@ class Recorder:
         dur = end - start
         if detach and stack:
             stack[-1][1] += dur
-        raw = self.raw.get(frame[0])
+        sink: dict[str, list[int]] = frame[4] if frame[4] is not None else self.raw
+        raw = sink.get(frame[0])
         if raw is None:
-            raw = self.raw.setdefault(frame[0], [])
+            raw = sink.setdefault(frame[0], [])
         raw += (start, dur - frame[1], n)  # one call: threads never interleave a record
         return dur
 
@@ -97,10 +140,17 @@ class Recorder:
 
     def add(self, path: str, ns: int, n: int = 1, start: int = 0) -> None:
         """Record ``ns`` nanoseconds spent in ``path`` for ``n`` items, starting at ``start``."""
-        raw = self.raw.get(path)
+        sink = self.sink
+        raw = sink.get(path)
         if raw is None:
-            raw = self.raw.setdefault(path, [])
+            raw = sink.setdefault(path, [])
         raw += (start, ns, n)
+
+    @property
+    def sink(self) -> dict[str, list[int]]:
+        """Where this thread records now (NOTE [ Whose records ])."""
+        mine = self._stacks.raw
+        return mine if mine is not None else self.raw
 
     def child_path(self, name: str) -> str:
         """``name`` under the innermost open stage of this thread; in a helper thread with none
@@ -110,11 +160,18 @@ class Recorder:
 
     @property
     def pending(self) -> bool:
-        return bool(self.raw)
+        return bool(self.sink)
 
-    def drain(self) -> dict[str, Any]:
-        """Take what was recorded since the last drain as stats, spans and an event count."""
-        raw, self.raw = self.raw, {}
+    def drain(self, sink: dict[str, list[int]] | None = None) -> dict[str, Any]:
+        """Take what was recorded into ``sink`` (default: this thread's) since the last drain as
+        stats, spans and an event count."""
+        if sink is None:
+            sink = self.sink
+        if sink is self.raw:
+            raw, self.raw = self.raw, {}
+        else:
+            raw = dict(sink)
+            sink.clear()
         stats, spans, first, events = aggregate(raw)
         return {
             "stats": stats,
@@ -169,10 +226,11 @@ class stage:
     def __enter__(self) -> None:
         rec = _recorder
         if rec.enabled:  # Recorder.open(Recorder.child_path(name)), inlined
-            stack = rec._stacks.stack
+            st = rec._stacks
+            stack = st.stack
             parent = stack or rec._main
             path = f"{parent[-1][0]}/{self.name}" if parent else self.name
-            frame = self.frame = [path, 0, 0, stack]
+            frame = self.frame = [path, 0, 0, stack, st.raw]
             stack.append(frame)
             frame[2] = clock()
 
@@ -188,8 +246,10 @@ def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     rec = _recorder
     if not rec.enabled:
         return fn(*args, **kwargs)
-    stack = rec._stacks.stack
-    frame: list[Any] = [path, 0, 0, stack]
+    st = rec._stacks
+    stack = st.stack
+    sink = st.raw
+    frame: list[Any] = [path, 0, 0, stack, sink]
     stack.append(frame)
     start = frame[2] = clock()
     try:
@@ -200,9 +260,11 @@ def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
             pass
         if stack:
             stack[-1][1] += dur
-        raw = rec.raw.get(path)
+        if sink is None:
+            sink = rec.raw
+        raw = sink.get(path)
         if raw is None:
-            raw = rec.raw.setdefault(path, [])
+            raw = sink.setdefault(path, [])
         raw += (start, dur - frame[1], 1)
 
 

@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pipeprof.render.figures import visible
+
 if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.table import Table
@@ -180,6 +182,7 @@ def predictions(data: dict[str, Any]) -> RenderableType:
 
 def renderables(data: dict[str, Any]) -> Iterator[RenderableType]:
     """The terminal view, top to bottom."""
+    data = visible(data)
     from rich.text import Text
 
     yield headline(data)

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeprof.render import charts
-from pipeprof.render.figures import num, pct
+from pipeprof.render.figures import num, pct, visible
 from pipeprof.render.html import CSS, page
 from pipeprof.render.text import to_text
 
@@ -101,6 +101,7 @@ def _delta_table(title: str, rows: list[tuple[str, dict[str, Any], str]], labels
 
 def summary(data: dict[str, Any]) -> Iterator[RenderableType]:
     """The comparison's renderables, constrained to 80 columns."""
+    data = visible(data)
     labels = data["labels"]
     parts: list[RenderableType] = [
         Panel(
@@ -132,6 +133,7 @@ def summary(data: dict[str, Any]) -> Iterator[RenderableType]:
 
 
 def html_body(data: dict[str, Any]) -> str:
+    data = visible(data)
     labels = data["labels"]
     lb, la = escape(labels["before"]), escape(labels["after"])
     head = "".join(f"<li>{escape(line)}</li>" for line in data["summary"])

@@ -35,6 +35,23 @@ BATCH_ROWS = 2000  # batches kept for the loader-mode wait chart
 _TOP = {"load": 0, "transform": 1, "collate": 2, "transfer": 3}
 
 
+# C0 controls but tab and newline, DEL and the C1 controls: shown as \x1b, never passed through
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]}
+
+
+def visible(value: Any) -> Any:
+    """``value`` with control characters in every string (keys too) shown as ``\\x1b``: names
+    from user code or a report file cannot drive the terminal (a title, the clipboard, hidden
+    text) or the page. Renderers call it on the data they are given."""
+    if isinstance(value, str):
+        return value.translate(_CONTROLS)
+    if isinstance(value, dict):
+        return {visible(k): visible(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [visible(v) for v in value]
+    return value
+
+
 def util(value: Any) -> str:
     """A utilisation that is already in percent."""
     return "n/a" if value is None else f"{float(value):.0f}%"

@@ -21,6 +21,7 @@ from pipeprof.render.figures import (
     pct,
     top_total,
     util,
+    visible,
 )
 
 CSS = """
@@ -171,6 +172,7 @@ def _describe(data: dict[str, Any]) -> str:
 
 def body(data: dict[str, Any]) -> str:
     """The report's ``<div class="pipeprof">``."""
+    data = visible(data)
     v = data.get("verdict") or {}
     loop = data.get("loop")
     parts = [

@@ -31,6 +31,7 @@ from pipeprof.render.figures import (
     pct,
     top_total,
     util,
+    visible,
 )
 
 MAX_WIDTH = 80
@@ -296,6 +297,7 @@ def footer(data: dict[str, Any]) -> RenderableType:
 
 
 def parts(data: dict[str, Any]) -> Iterator[RenderableType]:
+    data = visible(data)
     """The sections of the summary, top to bottom."""
     yield verdict_panel(data)
     yield overview(data)

@@ -66,13 +66,23 @@ class _Delegate:
     """Attribute reads and writes go to the user's dataset copy.
 
     A user's ``worker_init_fn`` often configures ``get_worker_info().dataset`` (shards an
-    IterableDataset, opens a file handle); that object is this wrapper, so it forwards.
+    IterableDataset, opens a file handle); that object is this wrapper, so it forwards. It also
+    answers ``__class__`` with the user's class, so ``isinstance(get_worker_info().dataset,
+    TheirDataset)`` holds as it does plain (isinstance falls back to ``__class__``; ``type()``
+    still shows the wrapper). Pickling goes by the real class (``__reduce__``).
     """
 
     _inner: Any
 
     def __init__(self, dataset: Any) -> None:
         object.__setattr__(self, "_inner", dataset)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.__dict__["_inner"])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_delegate, (type(self), self.__dict__["_inner"]))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_inner" not in self.__dict__:
@@ -84,6 +94,10 @@ class _Delegate:
 
     def __len__(self) -> int:
         return len(self._inner)
+
+
+def _rebuild_delegate(cls: type[_Delegate], inner: Any) -> _Delegate:
+    return cls(inner)
 
 
 class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
@@ -266,6 +280,7 @@ class ProfiledLoader:
         else:
             self.loader, notes = build_loader(loader)
         self.passes = 0
+        self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self.session = session
         session.notes.extend(notes)
         self.device = check_device(device)
@@ -289,37 +304,59 @@ class ProfiledLoader:
             self.loader = build_loader(self.user_loader)[0]
         self.passes += 1
         rec = recorder()
-        was, rec.enabled = rec.enabled, True
+        mine, first_profile = rec.begin()
+        self._sinks = (mine, first_profile)
         try:
             t_iter = clock()
-            it = iter(self.loader)
+            before = rec.enter(mine)
+            try:
+                it = iter(self.loader)
+            finally:
+                rec.leave(before)
             span = WAIT_SPAN.format(type(it).__name__)
             first = True
             while True:
-                if rec.raw:
-                    self.session.merge(rec.drain())  # the main process's own records
-                t0 = clock()
+                # This thread records into this iteration's sink while the pipeline runs on it
+                # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
+                before = rec.enter(mine)
                 try:
-                    carrier = next(it)
-                except StopIteration:
-                    return
-                t1 = clock()
-                batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
-                first = False
-                if self.h2d is not None:
-                    batch = self.h2d.move(batch, self.non_blocking, rec)
+                    t0 = clock()
+                    try:
+                        carrier = next(it)
+                    except StopIteration:
+                        return
+                    t1 = clock()
+                    batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
+                    first = False
+                    if self.h2d is not None:
+                        batch = self.h2d.move(batch, self.non_blocking, rec)
+                    self._merge_main(rec)
+                finally:
+                    rec.leave(before)
                 yield batch
         finally:
             self.flush()
-            rec.enabled = was
+            rec.end()
+
+    def _merge_main(self, rec: Any) -> None:
+        """The main process's records: this iteration's own and, for the first profile running,
+        the shared ones (the loop's ``pipeprof.stage`` regions)."""
+        mine, first_profile = self._sinks
+        if mine:
+            self.session.merge(rec.drain(mine))
+        if first_profile and rec.raw:
+            self.session.merge(rec.drain(rec.raw))
 
     def flush(self) -> None:
         """Bring in what the main process recorded (transfers, the user's own stages)."""
         rec = recorder()
         if self.h2d is not None:
-            self.h2d.flush(rec)
-        if rec.raw:
-            self.session.merge(rec.drain())
+            before = rec.enter(self._sinks[0])
+            try:
+                self.h2d.flush(rec)
+            finally:
+                rec.leave(before)
+        self._merge_main(rec)
 
     def _unpack(self, carrier: Any, t0: int, t1: int, t_iter: int | None, span: str) -> Any:
         s = self.session

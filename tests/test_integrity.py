@@ -1,0 +1,264 @@
+"""Profiling does not change what the pipeline does, does not break or outlive the user's run,
+and shows untrusted names safely (the same batches; the user's errors; profiles kept apart)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+import pipeprof
+from pipeprof.collect.torch.loader import IterDataset, MapDataset
+from pipeprof.core.recorder import recorder
+
+BIN = Path(sys.executable).with_name("pipeprof")
+
+
+# ---- the user's code sees its own dataset --------------------------------------------------
+
+
+class Shardable(IterableDataset):
+    """Eight items; ``shard`` splits them across workers only if it recognises the class."""
+
+    def __init__(self) -> None:
+        self.items = list(range(8))
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def shard(worker_id: int) -> None:
+    info = get_worker_info()
+    if isinstance(info.dataset, Shardable):
+        info.dataset.items = info.dataset.items[info.id :: info.num_workers]
+
+
+def test_worker_init_fn_recognises_the_users_dataset_class():
+    loader = DataLoader(Shardable(), batch_size=2, num_workers=2, worker_init_fn=shard)
+    plain = sorted(int(x) for batch in loader for x in batch)
+    assert plain == list(range(8))  # sharded, each item once
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        profiled = sorted(int(x) for batch in prof.wrap(loader) for x in batch)
+    assert profiled == plain
+    assert pipeprof.profile(loader)["samples"] == 8
+
+
+def test_the_dataset_wrappers_pickle_as_themselves():
+    """spawn workers get the wrapper by pickling: it must come back as the wrapper, not as the
+    user's class its ``__class__`` answers with."""
+    for wrapper in (MapDataset([1, 2, 3]), IterDataset(Shardable())):
+        back = pickle.loads(pickle.dumps(wrapper))
+        assert type(back) is type(wrapper)
+        assert isinstance(back, type(wrapper.__dict__["_inner"]))
+
+
+# ---- stream files -----------------------------------------------------------------------------
+
+
+def test_an_unusable_stream_path_is_refused_before_the_loop():
+    with pytest.raises(ValueError, match="/nonexistent/dir"):
+        pipeprof.Profiler(stream="/nonexistent/dir/run.json")
+
+
+def test_a_stream_write_that_fails_later_warns_and_the_loop_goes_on(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    prof = pipeprof.Profiler(sample_hz=0, stream=str(folder / "run.json"), flush_s=0)
+    steps = 0
+    with pytest.warns(RuntimeWarning, match="could not write"), prof:
+        for i in prof.wrap(list(range(10))):
+            if i == 3:
+                shutil.rmtree(folder)
+            steps += 1
+    assert steps == 10
+    report = prof.report()
+    assert report["loop"]["steps"] == 10
+    assert any("could not write" in note and "run.json" in note for note in report["notes"])
+
+
+def test_the_users_exception_comes_out_even_when_the_final_save_fails(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with (
+        pytest.warns(RuntimeWarning),
+        pytest.raises(ValueError, match="the user's own"),
+        pipeprof.Profiler(sample_hz=0, stream=str(folder / "run.json"), flush_s=3600) as prof,
+    ):
+        for i in prof.wrap(range(5)):
+            if i == 2:
+                shutil.rmtree(folder)
+                raise ValueError("the user's own")
+
+
+# ---- profiles kept apart ------------------------------------------------------------------------
+
+
+class Numbers(Dataset):
+    def __init__(self, n: int, transform=None) -> None:
+        self.n, self.transform = n, transform
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        x = torch.tensor([float(i)])
+        return self.transform(x) if self.transform is not None else x
+
+
+def loader(n: int, transform=None) -> DataLoader:
+    return DataLoader(Numbers(n, transform), batch_size=1, num_workers=0)
+
+
+def assert_profiling_is_off() -> None:
+    rec = recorder()
+    assert not rec.enabled and not rec.raw
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(1_000_000):
+        with pipeprof.stage("x"):
+            pass
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert not rec.raw and grown < 10_000
+    assert "x" not in pipeprof.profile(loader(2))["stages"]
+
+
+def test_profiling_ends_when_the_profiles_end_whatever_their_order():
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        pairs = list(zip(prof.wrap(loader(3)), prof.wrap(loader(6))))
+    assert len(pairs) == 3
+    assert_profiling_is_off()
+
+
+def test_two_profilers_end_in_any_order():
+    a, b = pipeprof.Profiler(sample_hz=0), pipeprof.Profiler(sample_hz=0)
+    with a, b:
+        for _ in zip(a.wrap(loader(3)), b.wrap(loader(6))):
+            with pipeprof.stage("between"):
+                pass
+    assert a.report()["stages"]["between"]["count"] == 3  # the first profile to begin has them
+    assert "between" not in b.report()["stages"]
+    assert_profiling_is_off()
+
+
+class Slow:
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.ms / 1e3)
+        return x
+
+
+class TA(Slow):
+    pass
+
+
+class TB(Slow):
+    pass
+
+
+def test_concurrent_profiles_in_two_threads_keep_their_own_stages():
+    reports: dict[str, object] = {}
+
+    def run(name: str, transform: Slow, n: int) -> None:
+        reports[name] = pipeprof.profile(loader(n, transform))
+
+    threads = [
+        threading.Thread(target=run, args=("a", TA(2.0), 30)),
+        threading.Thread(target=run, args=("b", TB(3.0), 20)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a, b = reports["a"].to_dict(), reports["b"].to_dict()
+    assert "transform/TA" in a["stages"] and "transform/TB" not in a["stages"]
+    assert "transform/TB" in b["stages"] and "transform/TA" not in b["stages"]
+    assert a["stages"]["load"]["count"] == 30 and b["stages"]["load"]["count"] == 20
+    assert a["stages"]["transform/TA"]["count"] == 30
+    assert b["stages"]["transform/TB"]["count"] == 20
+
+
+def test_a_nested_profile_takes_nothing_from_the_enclosing_loop():
+    prof = pipeprof.Profiler(sample_hz=0)
+    inner = None
+    with prof:
+        for step, _ in enumerate(prof.wrap(loader(6))):
+            with pipeprof.stage("train_step"):
+                pass
+            if step == 3:  # the step's record is not yet taken by the outer profile
+                inner = pipeprof.profile(loader(4, TA(0.0)))
+    outer = prof.report()
+    assert outer["stages"]["train_step"]["count"] == 6
+    assert inner is not None and "train_step" not in inner["stages"]
+    assert inner["stages"]["transform/TA"]["count"] == 4
+    assert "transform/TA" not in outer["stages"]
+
+
+# ---- loaders that iterate plain -----------------------------------------------------------------
+
+
+class NoLength(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(10.0))
+
+    def __len__(self) -> int:
+        raise NotImplementedError("streams have no length")
+
+
+def test_a_len_that_raises_anything_is_taken_as_no_len():
+    report = pipeprof.profile(DataLoader(NoLength(), batch_size=4))
+    assert report["batches"] == 3 and report["samples"] == 10
+
+
+# ---- untrusted names ---------------------------------------------------------------------------
+
+EVIL = "Evil\x1b]52;c;aGVsbG8=\x1b\\\x1b[8mhidden\x07\x9b"
+
+
+def evil_report(tmp_path: Path) -> Path:
+    transform = type(EVIL, (), {"__call__": lambda self, x: x})()
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(loader(4, transform)):
+            with prof.region("Log\x1b[2J"):
+                pass
+    return prof.report().save(tmp_path / "evil.json")
+
+
+def test_control_characters_in_names_never_reach_the_terminal(tmp_path):
+    path = evil_report(tmp_path)
+    report = pipeprof.load(path)
+    assert any("\x1b" in k for k in report["stages"])  # the data keeps the name as it was
+    text = report.render("text")
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert "Evil\\x1b]52;c;" in text  # shown, visibly
+    colour = report.render("text", color=True)
+    assert re.sub(r"\x1b\[[0-9;]*m", "", colour).count("\x1b") == 0  # only our own SGR codes
+    page = report.render("html")
+    assert "\x1b" not in page and "\x07" not in page
+    compared = report.compare(report).render("text")
+    assert "\x1b" not in compared
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for extra in ({}, {"NO_COLOR": "1"}, {"FORCE_COLOR": "1"}):
+        out = subprocess.run(
+            [str(BIN), "report", str(path)], env={**env, **extra}, capture_output=True
+        )
+        assert out.returncode == 0, out.stderr
+        assert re.sub(rb"\x1b\[[0-9;]*m", b"", out.stdout).count(b"\x1b") == 0
+    assert json.loads(report.render("json"))["stages"]  # JSON escapes them itself
