@@ -262,3 +262,34 @@ def test_control_characters_in_names_never_reach_the_terminal(tmp_path):
         assert out.returncode == 0, out.stderr
         assert re.sub(rb"\x1b\[[0-9;]*m", b"", out.stdout).count(b"\x1b") == 0
     assert json.loads(report.render("json"))["stages"]  # JSON escapes them itself
+
+
+class Branching(Dataset):
+    """Doubles its items when its transform is a Compose: code that inspects its transform."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from torchvision import transforms
+
+        x = self.transform(torch.tensor([float(i)]))
+        return x * 2 if isinstance(self.transform, transforms.Compose) else x
+
+
+def test_dataset_code_that_inspects_its_transform_sees_the_users_transform():
+    from torchvision import transforms
+
+    for workers in (0, 2):
+        data = Branching(transforms.Compose([transforms.Lambda(lambda x: x + 1)]))
+        plain = [b.tolist() for b in DataLoader(data, batch_size=4, num_workers=workers)]
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            got = [
+                b.tolist() for b in prof.wrap(DataLoader(data, batch_size=4, num_workers=workers))
+            ]
+        assert got == plain == [[[2.0], [4.0], [6.0], [8.0]], [[10.0], [12.0], [14.0], [16.0]]]
+        assert "transform/Lambda" in prof.report()["stages"]
