@@ -101,6 +101,17 @@ def test_stage_figures_divide_by_the_traced_elements_and_copies_match_them():
     assert any("first 200 elements" in n for n in data["notes"])
 
 
+def test_large_batches_are_traced_up_to_a_number_of_samples():
+    """A map before batch(256) is 256 traced calls per element: the trace ends at 5,000
+    samples (memory grows with the calls traced), not after 200 elements."""
+    ds = tf.data.Dataset.range(40 * 256).map(lambda x: x - 1).batch(256)
+    data = pipeprof.profile(ds).to_dict()
+    tf_meta = data["meta"]["tf"]
+    assert data["batches"] == 40
+    assert (tf_meta["traced_batches"], tf_meta["traced_samples"]) == (20, 20 * 256)
+    assert any("first 20 elements" in n for n in data["notes"])
+
+
 def test_wrap_divides_traced_stages_by_traced_elements_and_copies_by_all():
     """In a loop every copy is timed (each step's transfer), the pipeline's stages only for the
     traced elements: each per-sample figure divides by the elements it covers."""
