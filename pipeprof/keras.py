@@ -72,7 +72,7 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
         self._global = 0
         self._epoch_step = 0
         self._done = False
-        self._untraced: list[int] = []  # step durations outside the window, for the notes
+        self._untraced = [0, 0]  # steps outside the window and their ns: counted, not kept
 
     # ---- Keras hooks ------------------------------------------------------------------------
 
@@ -101,7 +101,8 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             if len(self._steps) >= self.trace_steps:
                 self._stop()
         else:
-            self._untraced.append(end - self._begin)
+            self._untraced[0] += 1
+            self._untraced[1] += end - self._begin
         self._global += 1
         self._epoch_step += 1
 
@@ -260,9 +261,9 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             {
                 "traced_steps": len(steps),
                 "skipped_steps": self.skip_steps,
-                "untraced_steps": len(self._untraced),
-                "untraced_step_ms": round(sum(self._untraced) / len(self._untraced) / 1e6, 6)
-                if self._untraced
+                "untraced_steps": self._untraced[0],
+                "untraced_step_ms": round(self._untraced[1] / self._untraced[0] / 1e6, 6)
+                if self._untraced[0]
                 else None,
                 "wait_method": "profiler"
                 if self._traced()

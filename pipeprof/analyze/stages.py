@@ -53,18 +53,30 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
             "max_ms": None,
             "derived": True,
         }
-    # tf.data stages come from a trace of the first elements only: per sample of those
+    # tf.data stages come from a trace of the first elements only: per sample of those; a stage
+    # timed on every element (a device copy in Profiler.wrap: its track is not in
+    # ``traced_tracks``) per sample of all
     tf = session.meta.get("tf") or {}
-    samples = max(tf.get("traced_samples") or session.samples, 1)
-    batches = max(tf.get("traced_batches") or session.batches, 1)
+    covered = set(tf.get("traced_tracks") or ["tf.data"])
+    every = (max(session.samples, 1), max(session.batches, 1))
+    traced = (
+        max(tf.get("traced_samples") or session.samples, 1),
+        max(tf.get("traced_batches") or session.batches, 1),
+    )
     top_total = sum(v["total_s"] for k, v in table.items() if "/" not in k) or 1.0
     for path, row in table.items():
+        under = {t for t, st in session.stages.items() for p in st if _at_or_under(p, path)}
+        samples, batches = traced if under and under <= covered else every
         row["per_sample_ms"] = round(row["total_s"] * 1e3 / samples, 6)
         row["per_batch_ms"] = round(row["total_s"] * 1e3 / batches, 6)
         row["share"] = round(row["total_s"] / top_total, 6) if "/" not in path else None
         row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
     # merged (and so table) lists the recorded paths in the order they first ran
     return {path: table[path] for path in tree_order(table)}
+
+
+def _at_or_under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent + "/")
 
 
 def top_total(stages: dict[str, dict[str, Any]]) -> float:

@@ -15,6 +15,7 @@ the waits are measured and the session's notes say so.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from pipeprof.core.stats import Stat
 TRACK = "tf.data"
 WAIT_SPAN = "tf.data.Iterator.__next__"
 TRACE_BATCHES = 200  # elements traced by default: bounds the profiler's memory and parse time
+TRACE_SAMPLES = 5_000  # samples traced at most: a map before batch(B) is B calls per element
 SPANS_PER_TRACE = 50_000
 TRACE_EVENT_NS = 5_000  # measured: 2-core VM, TF 2.21, cheap maps (benchmarks in docs/tfdata.md)
 
@@ -48,9 +50,12 @@ def import_tf() -> Any:
 class ProfiledDataset:
     """Iterates ``dataset`` and records into ``session``: exactly the user's elements.
 
-    The first ``trace_batches`` elements (None: all) are traced with the TensorFlow profiler,
-    once per session; later epochs time the waits only. With ``device`` (``"/GPU:0"``) each
-    element is copied there, timed as ``transfer/h2d``.
+    The first ``trace_batches`` elements (None: all; at most ``TRACE_SAMPLES`` samples) are
+    traced with the TensorFlow profiler, once per session; later elements and epochs time the
+    waits only. With ``device`` (``"/GPU:0"``; ``"cuda"`` reads as ``"/GPU:0"``, see
+    ``check_device``) each element is copied there, timed as ``transfer/h2d``; with
+    ``copies="traced"`` only the copies of traced elements are counted in that stage, so that
+    it covers the same elements as the traced ones (``pipeprof.profile``).
     """
 
     def __init__(
@@ -61,13 +66,19 @@ class ProfiledDataset:
         *,
         trace: bool = True,
         trace_batches: int | None = TRACE_BATCHES,
+        copies: str = "all",
     ) -> None:
         tf = import_tf()
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(
                 f"ProfiledDataset needs a tf.data.Dataset, got {type(dataset).__name__}"
             )
+        device = check_device(device)
         self.dataset = dataset
+        self.copies = copies
+        self._tracing = False  # the elements now taken are in the trace
+        self._limited = False  # the trace stopped at its bound, before the data ended
+        self._traced_from = (0, 0)  # session batches and samples when the trace began
         self.session = session
         self.device = device
         self.h2d = device  # non-None when batches are moved (Profiler.wrap reads this)
@@ -103,11 +114,11 @@ class ProfiledDataset:
                 self._record(element, t0, t1, t_iter if s.first_batch_ns is None else None)
                 if self.device is not None:
                     element = self._copy(element)
-                limit = self.trace_batches
-                if capture is not None and capture.running and limit and s.batches >= limit:
+                if capture is not None and capture.running and self._trace_full():
                     # stop now (tens of ms, once); parse when the iteration ends, where no step
                     # of a training loop is timed
                     space = self._stop_capture(capture)
+                    self._limited = True
                 yield element
         finally:
             if capture is not None:
@@ -128,9 +139,18 @@ class ProfiledDataset:
         with tf.device(self.device):
             out = tf.nest.map_structure(tf.identity, element)
         ns = clock() - t0
-        self.session.add("main", "transfer/h2d", ns)
-        self.session.spans.append(("main", "transfer/h2d", t0, ns))
+        if self.copies == "all" or self._tracing or not self.session.meta["tf"].get("traced"):
+            self.session.add("main", "transfer/h2d", ns)
+            self.session.spans.append(("main", "transfer/h2d", t0, ns))
         return out
+
+    def _trace_full(self) -> bool:
+        """The trace holds ``trace_batches`` elements, or ``TRACE_SAMPLES`` samples."""
+        s, (batches, samples) = self.session, self._traced_from
+        limit = self.trace_batches
+        return bool(limit and s.batches - batches >= limit) or (
+            s.samples - samples >= TRACE_SAMPLES
+        )
 
     # ---- the profiler trace -----------------------------------------------------------------
 
@@ -143,13 +163,17 @@ class ProfiledDataset:
             self._fallback(capture.error)
             return None
         tf_meta["traced"] = True
+        # the tracks whose stages cover only the traced elements (analysis divides by those)
+        tf_meta["traced_tracks"] = [TRACK] + (["main"] if self.copies == "traced" else [])
         self._traced_from = (self.session.batches, self.session.samples)
+        self._tracing, self._limited = True, False
         return capture
 
     def _stop_capture(self, capture: Capture) -> Any:
         """Stop tracing; the elements it covered are what stage times per sample divide by."""
         s, (batches, samples) = self.session, self._traced_from
         s.meta["tf"].update(traced_batches=s.batches - batches, traced_samples=s.samples - samples)
+        self._tracing = False
         return capture.stop()
 
     def _finish_capture(self, capture: Capture, space: Any) -> None:
@@ -159,6 +183,14 @@ class ProfiledDataset:
             self._fallback(capture.error)
             return
         merge_trace(self.session, trace, self.pipeline)
+        if self._limited:
+            tf_meta = self.session.meta["tf"]
+            self.session.notes.append(
+                f"stage times cover the first {tf_meta['traced_batches']} elements "
+                f"({tf_meta['traced_samples']} samples; meta.tf.traced_batches), traced with "
+                "the TensorFlow profiler; later elements were timed by their waits only "
+                "(the trace is bounded to keep memory flat)"
+            )
 
     def _fallback(self, error: str | None) -> None:
         self.session.meta.setdefault("tf", {})["method"] = "waits only"
@@ -257,16 +289,26 @@ def describe(dataset: Any, pipeline: dict[str, Any], device: Any) -> dict[str, A
 
 
 def profile_dataset(dataset: Any, batches: int | None = None, device: Any = None) -> Session:
-    """``pipeprof.profile`` for a tf.data.Dataset: take ``batches`` elements (None: one pass)."""
+    """``pipeprof.profile`` for a tf.data.Dataset: take ``batches`` elements (None: one pass).
+
+    The first ``TRACE_BATCHES`` elements are traced; the rest are timed by their waits only, so
+    memory stays flat however many elements are taken.
+    """
     tf = import_tf()
     card = int(dataset.cardinality())
     if batches is None and card == tf.data.INFINITE_CARDINALITY:
         raise ValueError("this dataset repeats forever: pass batches=N to profile N elements")
+    if batches is None and card == tf.data.UNKNOWN_CARDINALITY and _infinite_input(dataset):
+        raise ValueError(
+            "this dataset repeats forever (an input of unknown-length ops such as filter is "
+            "infinite: repeat() with no count): pass batches=N to profile N elements"
+        )
     if card == 0:
         raise ValueError("the dataset has no elements (cardinality 0): give it data")
     session = Session(framework="tf", mode="loader")
     session.overhead_ns = measure_overhead()
-    run_alone(ProfiledDataset(dataset, session, device, trace_batches=None), session, batches)
+    source = ProfiledDataset(dataset, session, device, copies="traced")
+    run_alone(source, session, batches)
     if session.batches == 0 and not session.interrupted:
         raise ValueError(
             "the dataset yielded no elements: is it empty, or does a filter or "
@@ -275,5 +317,79 @@ def profile_dataset(dataset: Any, batches: int | None = None, device: Any = None
     if session.meta["tf"].get("method") == "waits only" and not session.interrupted:
         from pipeprof.collect.tf.prefix import fill_session
 
-        fill_session(session, dataset, elements=max(20, session.batches))
+        fill_session(session, dataset, elements=min(max(20, session.batches), TRACE_BATCHES))
     return session
+
+
+def _infinite_input(dataset: Any, limit: int = 256) -> bool:
+    """Some input of ``dataset`` (walked through ``_inputs()``) has infinite cardinality."""
+    tf = import_tf()
+    todo, seen = [dataset], 0
+    while todo and seen < limit:
+        ds = todo.pop()
+        seen += 1
+        try:
+            inputs = list(ds._inputs())
+        except Exception:  # a private API: no answer is "not known to be infinite"
+            continue
+        for inp in inputs:
+            try:
+                if int(inp.cardinality()) == tf.data.INFINITE_CARDINALITY:
+                    return True
+            except Exception:
+                continue
+            todo.append(inp)
+    return False
+
+
+_CUDA = re.compile(r"cuda(?::(\d+))?", re.IGNORECASE)
+
+
+def check_device(device: Any) -> str | None:
+    """``device`` in TensorFlow's spelling (``"/GPU:0"``), refusing one this machine lacks.
+
+    ``"cuda"``/``"cuda:N"`` and a ``torch.device`` read as ``"/GPU:N"``; ``"cpu"`` as
+    ``"/CPU:0"``. A device TensorFlow does not see here is refused rather than copied to the CPU
+    by TensorFlow's soft placement and reported as a ``transfer/h2d`` stage.
+    """
+    if device is None:
+        return None
+    tf = import_tf()
+    given = device
+    if hasattr(device, "to_string"):  # tf.DeviceSpec
+        device = device.to_string()
+    elif not isinstance(device, str) and isinstance(getattr(device, "type", None), str):
+        index = getattr(device, "index", None)  # torch.device
+        device = device.type if index is None else f"{device.type}:{index}"
+    if not isinstance(device, str):
+        raise ValueError(
+            f"device={given!r} is not a TensorFlow device: pass a string such as '/GPU:0' "
+            "or '/CPU:0', or device=None to profile without a copy to a device"
+        )
+    cuda = _CUDA.fullmatch(device.strip())
+    text = f"/GPU:{cuda.group(1) or 0}" if cuda else device.strip()
+    try:
+        spec = tf.DeviceSpec.from_string(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"device={given!r} is not a TensorFlow device ({exc}): use TensorFlow's spelling, "
+            "e.g. '/GPU:0' or '/CPU:0', or device=None to profile without a copy to a device"
+        ) from None
+    kind, index = spec.device_type, spec.device_index or 0
+    if kind is None:
+        raise ValueError(
+            f"device={given!r} names no device type: use TensorFlow's spelling, e.g. '/GPU:0' "
+            "or '/CPU:0'"
+        )
+    name = f"/{kind}:{index}"
+    local = spec.job in (None, "localhost") and spec.task in (None, 0)
+    found = tf.config.list_logical_devices(kind) if local else []
+    if local and index >= len(found):
+        seen = [d.name for d in tf.config.list_logical_devices()]
+        spelled = f" (TensorFlow: {name!r})" if name != given else ""
+        raise ValueError(
+            f"device={given!r}{spelled} but TensorFlow sees no {kind}:{index} here (devices: "
+            f"{', '.join(seen) or 'none'}): pass device=None to profile without a copy to a "
+            "device"
+        )
+    return name if local else spec.to_string()
