@@ -5,6 +5,7 @@ data pipeline on its own. Each collects into a Session and hands it to a Report
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import warnings
@@ -282,10 +283,9 @@ class Profiler:
     def _gpu_indices(self) -> list[int] | None:
         if self.gpus is not None:
             return list(self.gpus)
-        dev = str(self.device or "")
-        if dev.startswith("cuda:"):
-            return [int(dev.split(":")[1])]
-        return None
+        dev = str(self.device or "")  # torch's "cuda:1" or TensorFlow's "/GPU:1"
+        match = re.fullmatch(r"(?:cuda|/?(?:device:)?GPU):(\d+)", dev, flags=re.IGNORECASE)
+        return [int(match.group(1))] if match else None
 
     def _collect_samplers(self) -> None:
         from pipeprof.collect.samplers import HostSampler, NvmlSampler
