@@ -115,3 +115,12 @@ def test_cpu_copies_are_timed_by_the_clock():
     h2d.move("batch", False, rec)
     (ns,) = rec.raw["transfer/h2d"][1::3]
     assert ns >= 4_000_000
+
+
+@pytest.mark.parametrize(
+    ("device", "sampled"),
+    [("cuda:1", [1]), ("/GPU:2", [2]), ("/device:GPU:3", [3]), ("cuda", None), ("cpu", None)],
+)
+def test_nvml_samples_the_gpu_the_device_names(device, sampled):
+    """torch's and TensorFlow's spellings both pick the GPU to sample (None: the default)."""
+    assert Profiler(device=device, sample_hz=0)._gpu_indices() == sampled
