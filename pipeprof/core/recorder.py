@@ -38,12 +38,23 @@ clock = time.perf_counter_ns
 SPAN_RING = 4096
 
 
+class _Stack(list):  # type: ignore[type-arg]
+    """One thread's open frames ``[path, detached ns, start, stack, sink]``, and where that
+    thread records now (``sink``; None: the shared one). A slot, not a thread-local attribute:
+    the hot path reads it at the cost of an attribute."""
+
+    __slots__ = ("sink",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sink: dict[str, list[int]] | None = None
+
+
 class _Stacks(threading.local):
     """Open frames, one stack per thread: a dataset may time work in its own thread pool."""
 
     def __init__(self) -> None:
-        self.stack: list[list[Any]] = []  # open frames: [path, detached ns, start, stack, sink]
-        self.raw: dict[str, list[int]] | None = None  # this thread's sink (None: the shared one)
+        self.stack = _Stack()
 
 
 class Recorder:
@@ -100,17 +111,16 @@ class Recorder:
 
     def enter(self, sink: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
         """This thread records into ``sink`` until ``leave``; returns the sink it had."""
-        st = self._stacks
-        before, st.raw = st.raw, sink
+        stack = self._stacks.stack
+        before, stack.sink = stack.sink, sink
         return before
 
     def leave(self, before: dict[str, list[int]] | None) -> None:
-        self._stacks.raw = before
+        self._stacks.stack.sink = before
 
     def open(self, path: str) -> list[Any]:
-        st = self._stacks
-        stack = st.stack
-        frame = [path, 0, 0, stack, st.raw]
+        stack = self._stacks.stack
+        frame = [path, 0, 0, stack, stack.sink]
         stack.append(frame)
         frame[2] = clock()
         return frame
@@ -149,7 +159,7 @@ class Recorder:
     @property
     def sink(self) -> dict[str, list[int]]:
         """Where this thread records now (NOTE [ Whose records ])."""
-        mine = self._stacks.raw
+        mine = self._stacks.stack.sink
         return mine if mine is not None else self.raw
 
     def child_path(self, name: str) -> str:
@@ -226,11 +236,10 @@ class stage:
     def __enter__(self) -> None:
         rec = _recorder
         if rec.enabled:  # Recorder.open(Recorder.child_path(name)), inlined
-            st = rec._stacks
-            stack = st.stack
+            stack = rec._stacks.stack
             parent = stack or rec._main
             path = f"{parent[-1][0]}/{self.name}" if parent else self.name
-            frame = self.frame = [path, 0, 0, stack, st.raw]
+            frame = self.frame = [path, 0, 0, stack, stack.sink]
             stack.append(frame)
             frame[2] = clock()
 
@@ -246,9 +255,8 @@ def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     rec = _recorder
     if not rec.enabled:
         return fn(*args, **kwargs)
-    st = rec._stacks
-    stack = st.stack
-    sink = st.raw
+    stack = rec._stacks.stack
+    sink = stack.sink
     frame: list[Any] = [path, 0, 0, stack, sink]
     stack.append(frame)
     start = frame[2] = clock()
