@@ -17,6 +17,9 @@ from pipeprof.analyze.compare import compare_dicts
 from pipeprof.core.session import Session, read_file
 from pipeprof.render.result import Result, write_atomic
 
+# what analysing malformed data from a file raises: turned into one ValueError naming the file
+_MALFORMED = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)
+
 
 class Report(Result):
     """Analysed results of a profile (schema ``pipeprof/1``).
@@ -33,7 +36,14 @@ class Report(Result):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
-        return cls(read_file(path))
+        session = read_file(path)  # ValueError naming the file when it is no valid session
+        try:
+            return cls(session)
+        except _MALFORMED as exc:  # what read_file's checks let through: meta, gpu, host
+            raise ValueError(
+                f"{path} holds a session that cannot be analysed ({type(exc).__name__}: {exc}); "
+                "was the file edited? Save the report again with report.save(path)"
+            ) from exc
 
     def _data_dict(self) -> dict[str, Any]:
         return self._data
@@ -138,9 +148,20 @@ def _as_dict(source: Source) -> tuple[dict[str, Any], str | None]:
 
 
 def _report_json(path: Path) -> dict[str, Any] | None:
+    """A report saved as plain JSON, without its session, or None when the file is something else
+    (a saved session, however damaged, is not one). ``ValueError`` when it cannot be compared."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data: Any = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
     ok = isinstance(data, dict) and str(data.get("schema", "")).startswith("pipeprof/")
-    return data if ok and "stages" in data else None
+    if not ok or "stages" not in data or "session" in data:
+        return None
+    try:  # what compare reads of a report, read now, so a malformed one fails here, by name
+        compare_dicts(data, data)
+    except _MALFORMED as exc:
+        raise ValueError(
+            f"{path} is a damaged pipeprof report ({type(exc).__name__}: {exc}): save it "
+            "again (`pipeprof report FILE --format json -o OUT.json`, or report.save(path))"
+        ) from None
+    return dict(data)
