@@ -173,6 +173,8 @@ def _format(args: argparse.Namespace, formats: tuple[str, ...] = FORMATS) -> str
     fmt = args.format or (format_for(args.output) if args.output else "text")
     if fmt in formats:
         return str(fmt)
+    if Path(args.output).is_dir():  # the folder is the mistake, not its name
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", args.output)
     what = f"names the {fmt} format" if fmt else "has an extension that names no format"
     raise ValueError(
         f"-o {args.output} {what}; `pipeprof {args.command}` writes {', '.join(formats)}: end "
