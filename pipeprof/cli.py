@@ -221,10 +221,18 @@ def _write(text: str, output: str | None) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     fmt = _format(args)
     report = Report.load(args.file)
-    if fmt == "text" and not args.output:
-        Console().print(report)
-        return 0
-    return _write(report.render(fmt), args.output)
+    try:  # a file's free-form parts (GPU and CPU samples) are read only here
+        if fmt == "text" and not args.output:
+            Console().print(report)
+            return 0
+        text = report.render(fmt)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+        raise ValueError(
+            f"{args.file} could not be rendered as {fmt} ({type(exc).__name__}: {exc}): was the "
+            "file edited? Save the report again with report.save(path) (if it was not edited, "
+            "this is a pipeprof bug: please report it)"
+        ) from exc
+    return _write(text, args.output)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

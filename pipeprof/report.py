@@ -138,30 +138,34 @@ def _as_dict(source: Source) -> tuple[dict[str, Any], str | None]:
         return source, None
     if isinstance(source, (str, os.PathLike)):
         try:
-            return Report.load(source).to_dict(), Path(source).name
+            data = Report.load(source).to_dict()
         except ValueError:  # a report written without its session (`--format json`) compares
-            data = _report_json(Path(source))  # as well: a comparison reads only the report
-            if data is None:
+            plain = _report_json(Path(source))  # as well: a comparison reads only the report
+            if plain is None:
                 raise
-            return data, Path(source).name
+            data = plain
+        return _comparable(data, Path(source)), Path(source).name
     return source.to_dict(), None
 
 
 def _report_json(path: Path) -> dict[str, Any] | None:
-    """A report saved as plain JSON, without its session, or None when the file is something else
-    (a saved session, however damaged, is not one). ``ValueError`` when it cannot be compared."""
+    """A report saved as plain JSON, without its session; None when the file is something else
+    (a saved session, however damaged, is not one)."""
     try:
         data: Any = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     ok = isinstance(data, dict) and str(data.get("schema", "")).startswith("pipeprof/")
-    if not ok or "stages" not in data or "session" in data:
-        return None
-    try:  # what compare reads of a report, read now, so a malformed one fails here, by name
+    return dict(data) if ok and "stages" in data and "session" not in data else None
+
+
+def _comparable(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``data``, read from ``path``, once what a comparison reads of it reads without error."""
+    try:
         compare_dicts(data, data)
     except _MALFORMED as exc:
         raise ValueError(
             f"{path} is a damaged pipeprof report ({type(exc).__name__}: {exc}): save it "
-            "again (`pipeprof report FILE --format json -o OUT.json`, or report.save(path))"
+            "again (report.save(path), or `pipeprof report FILE --format json -o OUT.json`)"
         ) from None
-    return dict(data)
+    return data

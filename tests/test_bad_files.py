@@ -252,3 +252,16 @@ def test_command_line_names_the_file_exit_2_no_traceback(saved, tmp_path):
     edited(data, lambda s: s["workers"][_first(s["workers"])].update(added_later=1), extra)
     res = cli("report", extra, "--format", "json")
     assert res.returncode == 0 and json.loads(res.stdout)["batches"] == 2, res.stderr
+
+
+def test_free_form_gpu_figures_that_are_damaged_are_named_when_rendered(tmp_path):
+    data = json.loads(LOOP.read_text())  # the GPU samples are read by the renderers, not on load
+    data["session"]["gpu"]["devices"][0] = "x"
+    bad = tmp_path / "gpu.json"
+    bad.write_text(json.dumps(data))
+    for args in (["report", bad], ["report", bad, "--format", "html"], ["compare", LOOP, bad]):
+        res = cli(*args)
+        assert res.returncode == 2, (args, res.stderr)
+        assert res.stderr.startswith("pipeprof: ") and str(bad) in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr, res.stderr
+        assert "was the file edited?" in res.stderr or "damaged pipeprof report" in res.stderr
