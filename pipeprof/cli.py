@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -120,6 +123,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipeprof.demo import demo_loader, make_images, train
 
     console = Console()
+    for path in (args.html, args.output):  # before the training, not after it
+        if path:
+            _check_writable(path)
     device = _device(args.device)
     with tempfile.TemporaryDirectory(prefix="pipeprof-demo-") as tmp:
         console.print(f"[dim]writing {args.images} JPEG images to {tmp} ...[/dim]")
@@ -131,10 +137,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         report = train(loader, device, batches=args.batches)
     console.print(report)
-    path = report.write_html(args.html)
+    with _naming(args.html):
+        path = report.write_html(args.html)
     console.print(f"HTML report: {path.resolve()}")
     if args.output:
-        console.print(f"saved: {report.save(args.output)}")
+        with _naming(args.output):
+            console.print(f"saved: {report.save(args.output)}")
     if report.session.interrupted:
         console.print("[yellow]interrupted: the report covers the batches before Ctrl-C[/yellow]")
         return INTERRUPTED
@@ -157,15 +165,54 @@ def _device(name: str | None) -> str:
     return name
 
 
-def _format(args: argparse.Namespace) -> str:
-    """--format, else the output file's extension, else text."""
-    return str(args.format or (format_for(args.output) if args.output else None) or "text")
+_SUFFIXES = {"text": ".txt", "json": ".json", "html": ".html", "chrome": ".trace.json"}
+
+
+def _format(args: argparse.Namespace, formats: tuple[str, ...] = FORMATS) -> str:
+    """--format, else the output file's extension, else text; one of ``formats``."""
+    fmt = args.format or (format_for(args.output) if args.output else "text")
+    if fmt in formats:
+        return str(fmt)
+    if Path(args.output).is_dir():  # the folder is the mistake, not its name
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", args.output)
+    what = f"names the {fmt} format" if fmt else "has an extension that names no format"
+    raise ValueError(
+        f"-o {args.output} {what}; `pipeprof {args.command}` writes {', '.join(formats)}: end "
+        f"the file name in {', '.join(_SUFFIXES[f] for f in formats)}, or choose with "
+        f"--format {'|'.join(formats)}"
+    )
+
+
+def _check_writable(output: str) -> None:
+    """Fail now, naming ``output``, if it cannot be written (not after minutes of work): open
+    it as a write would, changing nothing (a file made for the test is removed again)."""
+    target = Path(output)
+    with _naming(output):
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", output)
+        if target.exists():
+            target.open("a").close()
+        else:
+            target.open("x").close()
+            target.unlink()
+
+
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """An OSError in the block that writes ``path`` names it (a failed write() names no file, a
+    failed atomic save its temporary file)."""
+    try:
+        yield
+    except OSError as exc:
+        why = f"cannot be written ({exc.strerror or exc}); choose another path"
+        raise OSError(exc.errno, why, path) from exc  # PermissionError etc. by errno
 
 
 def _write(text: str, output: str | None) -> int:
     """``text`` to the file ``output``, or to standard output."""
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        with _naming(output):
+            Path(output).write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
@@ -174,18 +221,24 @@ def _write(text: str, output: str | None) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     fmt = _format(args)
     report = Report.load(args.file)
-    if fmt == "text" and not args.output:
-        Console().print(report)
-        return 0
-    return _write(report.render(fmt), args.output)
+    try:  # a file's free-form parts (GPU and CPU samples) are read only here
+        if fmt == "text" and not args.output:
+            Console().print(report)
+            return 0
+        text = report.render(fmt)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+        raise ValueError(
+            f"{args.file} could not be rendered as {fmt} ({type(exc).__name__}: {exc}): was the "
+            "file edited? Save the report again with report.save(path) (if it was not edited, "
+            "this is a pipeprof bug: please report it)"
+        ) from exc
+    return _write(text, args.output)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from pipeprof.report import compare
 
-    fmt = _format(args)
-    if fmt not in ("text", "json", "html"):
-        raise ValueError(f"a comparison is written as text, json or html, not {fmt}")
+    fmt = _format(args, ("text", "json", "html"))
     comparison = compare(args.before, args.after)
     if fmt == "text" and not args.output:
         Console().print(comparison)
@@ -197,6 +250,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pipeprof.bench.sources import resolve
     from pipeprof.render.bench import with_lines
 
+    fmt = _format(args, ("text", "json", "html"))
+    if args.output:  # before the benchmark, not after it
+        _check_writable(args.output)
     source, transforms = resolve(args.target)
     try:
         b = bench(
@@ -210,7 +266,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 asked = [b.predict(compute_rate=args.compute_rate)]
     except (TypeError, NotImplementedError) as exc:  # what the target gave is not benchmarkable
         raise ValueError(str(exc)) from exc
-    fmt = _format(args)
     if fmt == "text" and not args.output:
         Console().print(b, *(repr(p) for p in asked))
         return 0

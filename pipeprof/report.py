@@ -17,6 +17,9 @@ from pipeprof.analyze.compare import compare_dicts
 from pipeprof.core.session import Session, read_file
 from pipeprof.render.result import Result, write_atomic
 
+# what analysing malformed data from a file raises: turned into one ValueError naming the file
+_MALFORMED = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)
+
 
 class Report(Result):
     """Analysed results of a profile (schema ``pipeprof/1``).
@@ -33,7 +36,14 @@ class Report(Result):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
-        return cls(read_file(path))
+        session = read_file(path)  # ValueError naming the file when it is no valid session
+        try:
+            return cls(session)
+        except _MALFORMED as exc:  # what read_file's checks let through: meta, gpu, host
+            raise ValueError(
+                f"{path} holds a session that cannot be analysed ({type(exc).__name__}: {exc}); "
+                "was the file edited? Save the report again with report.save(path)"
+            ) from exc
 
     def _data_dict(self) -> dict[str, Any]:
         return self._data
@@ -128,19 +138,34 @@ def _as_dict(source: Source) -> tuple[dict[str, Any], str | None]:
         return source, None
     if isinstance(source, (str, os.PathLike)):
         try:
-            return Report.load(source).to_dict(), Path(source).name
+            data = Report.load(source).to_dict()
         except ValueError:  # a report written without its session (`--format json`) compares
-            data = _report_json(Path(source))  # as well: a comparison reads only the report
-            if data is None:
+            plain = _report_json(Path(source))  # as well: a comparison reads only the report
+            if plain is None:
                 raise
-            return data, Path(source).name
+            data = plain
+        return _comparable(data, Path(source)), Path(source).name
     return source.to_dict(), None
 
 
 def _report_json(path: Path) -> dict[str, Any] | None:
+    """A report saved as plain JSON, without its session; None when the file is something else
+    (a saved session, however damaged, is not one)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data: Any = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
     ok = isinstance(data, dict) and str(data.get("schema", "")).startswith("pipeprof/")
-    return data if ok and "stages" in data else None
+    return dict(data) if ok and "stages" in data and "session" not in data else None
+
+
+def _comparable(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``data``, read from ``path``, once what a comparison reads of it reads without error."""
+    try:
+        compare_dicts(data, data)
+    except _MALFORMED as exc:
+        raise ValueError(
+            f"{path} is a damaged pipeprof report ({type(exc).__name__}: {exc}): save it "
+            "again (report.save(path), or `pipeprof report FILE --format json -o OUT.json`)"
+        ) from None
+    return data

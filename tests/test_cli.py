@@ -136,3 +136,56 @@ def test_ctrl_c_in_demo_writes_what_was_measured_and_exits_130(tmp_path):
     assert "interrupted" in html.read_text()
     data = json.loads(saved.read_text())
     assert data["interrupted"] is True and data["batches"] >= 1
+
+
+GOOD = Path(__file__).parent / "golden" / "session-loader.json"  # a saved session
+
+
+def test_output_extension_that_names_no_format_is_refused(tmp_path):
+    cases = [
+        (["report", GOOD, "-o", tmp_path / "out.pdf"], "text, json, html, chrome: end the file"),
+        (["compare", GOOD, GOOD, "-o", tmp_path / "out.pdf"], "compare` writes text, json, html"),
+        (["compare", GOOD, GOOD, "-o", tmp_path / "c.trace.json"], "names the chrome format"),
+    ]
+    for args, message in cases:
+        res = run(str(BIN), *map(str, args))
+        assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr and str(args[-1]) in res.stderr
+    assert not list(tmp_path.iterdir())  # nothing written as text under a name that says pdf
+    res = run(str(BIN), "report", str(GOOD), "-o", str(tmp_path / "out.pdf"), "--format", "text")
+    assert res.returncode == 0 and "pipeline stages" in (tmp_path / "out.pdf").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/version").exists(), reason="needs Linux /proc")
+def test_output_io_errors_name_the_path():
+    res = run(str(BIN), "report", str(GOOD), "-o", "/proc/version")  # no format's extension
+    assert res.returncode == 2 and "/proc/version" in res.stderr, res.stderr
+    res = run(str(BIN), "report", str(GOOD), "--format", "json", "-o", "/proc/version")
+    assert res.returncode == 2 and "pipeprof: /proc/version: " in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr  # write() fails there, naming no file itself
+    res = run(str(BIN), "compare", str(GOOD), str(GOOD), "-o", "/proc/version.txt")
+    assert res.returncode == 2 and "pipeprof: /proc/version.txt" in res.stderr, res.stderr
+
+
+def test_outputs_are_checked_before_the_work_starts(tmp_path):
+    import time
+
+    scratch = tmp_path / "tmp"  # where the demo would write its images
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    for args in (["--html", "/nonexistent/x.html"], ["-o", "/nonexistent/x.json"],
+                 ["--html", str(tmp_path)]):  # fmt: skip
+        t0 = time.monotonic()
+        res = subprocess.run([str(BIN), "demo", *args], capture_output=True, text=True,
+                             timeout=120, env=env)  # fmt: skip
+        assert res.returncode == 2 and f"pipeprof: {args[1]}" in res.stderr, res.stderr
+        assert time.monotonic() - t0 < 10 and not list(scratch.iterdir())  # no images, no run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"]  # the checks leave no file
+    factory = tmp_path / "targets.py"
+    called = tmp_path / "called"
+    factory.write_text(f"def data():\n    open({str(called)!r}, 'w').close()\n    return [1]\n")
+    for out, message in (("/nonexistent/b.json", "/nonexistent/b.json: no such file"),
+                         (str(tmp_path / "b.pdf"), "names no format")):  # fmt: skip
+        res = run(str(BIN), "bench", f"{factory}:data", "-o", out)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+        assert not called.exists()  # refused before the benchmark ran

@@ -84,26 +84,31 @@ class LoopRecord:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LoopRecord:
-        """Also reads files from before this class, whose Stats were tagged ``{"__stat__": ..}``."""
+    def from_dict(cls, data: dict[str, Any], where: str = "loop") -> LoopRecord:
+        """Also reads files from before this class, whose Stats were tagged ``{"__stat__": ..}``.
+        Raises ``ValueError`` naming the part (``where``) that is not what a session holds."""
+        _need(isinstance(data, dict), where, "an object", data)
 
-        def stat(d: Any) -> Stat:
-            return Stat.from_dict(d.get("__stat__", d) if isinstance(d, dict) else {})
+        def stat(key: str) -> Stat:
+            return _stat(_untag(data.get(key) or {}), f"{where}.{key}")
 
-        def stats(d: Any) -> dict[str, Stat]:
-            return {k: stat(v) for k, v in (d or {}).items()}
+        def stats(key: str) -> dict[str, Stat]:
+            d = _get(data, key, where, _is_dict_or_none, "an object", None) or {}
+            return {k: _stat(_untag(v), f"{where}.{key}.{k}") for k, v in d.items()}
 
         rec = cls(
-            steps=data.get("steps", 0),
-            epochs=data.get("epochs", 0),
-            startup_ns=data.get("startup_ns"),
-            first={**_parts(), **stats(data.get("first"))},
-            steady={**_parts(), **stats(data.get("steady"))},
-            gpu_compute=stat(data.get("gpu_compute") or {}),
-            regions=stats(data.get("regions")),
-            replay=data.get("replay"),
+            steps=_get(data, "steps", where, _is_int, _INT, 0),
+            epochs=_get(data, "epochs", where, _is_int, _INT, 0),
+            startup_ns=_get(data, "startup_ns", where, _is_int_or_none, _INT_OR_NULL, None),
+            first={**_parts(), **stats("first")},
+            steady={**_parts(), **stats("steady")},
+            gpu_compute=stat("gpu_compute"),
+            regions=stats("regions"),
+            replay=_get(data, "replay", where, _is_dict_or_none, "an object or null", None),
         )
-        rec.step_ring.extend(list(r) for r in data.get("step_ring", []))
+        rows = _get(data, "step_ring", where, _is_list, "a list", [])
+        shape = "[t_request_ns, wait_ns, transfer_ns, compute_ns, first_of_epoch]"
+        rec.step_ring.extend(list(r) for r in _rows(rows, f"{where}.step_ring", _STEP_ROW, shape))
         return rec
 
 
@@ -243,41 +248,69 @@ class Session:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Session:
-        version = data.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
+        """The session ``to_dict`` gave. Keys this pipeprof does not know are ignored (a later
+        version may add some); a missing key takes its default. Raises ``ValueError`` for a newer
+        schema version, and one naming the part (``session.wait``, say) that is malformed."""
+        _need(isinstance(data, dict), "session", "an object", data)
+        version: Any = data.get("schema_version")
+        if not (_is_int(version) and version >= 1):
+            raise _Malformed(
+                f"session.schema_version should be a whole number of 1 or more (this pipeprof "
+                f"writes {SCHEMA_VERSION}), not {_shown(version)}"
+            )
+        if version > SCHEMA_VERSION:
             raise ValueError(
-                f"this session has schema version {version!r}; this pipeprof reads up to "
+                f"this session has schema version {version}; this pipeprof reads up to "
                 f"{SCHEMA_VERSION}: upgrade pipeprof (pip install -U pipeprof)"
             )
+        try:
+            return cls._from_dict(data)
+        except _Malformed:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as e:
+            raise _Malformed(f"session could not be read ({type(e).__name__}: {e})") from e
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> Session:
+        def get(key: str, check: Any, what: str, default: Any) -> Any:
+            return _get(data, key, "session", check, what, default)
+
+        loop = get("loop", _is_dict_or_none, "an object or null", None)
         s = cls(
-            framework=data.get("framework", "torch"),
-            mode=data.get("mode", "loader"),
-            meta=data.get("meta", {}),
-            started_at=data.get("started_at", 0.0),
-            start_ns=data.get("start_ns", 0),
-            end_ns=data.get("end_ns", 0),
-            first_batch_ns=data.get("first_batch_ns"),
-            first_ready_ns=data.get("first_ready_ns"),
-            first_samples=data.get("first_samples", 0),
-            last_ready_ns=data.get("last_ready_ns", 0),
-            wait=Stat.from_dict(data.get("wait", {})),
-            batches=data.get("batches", 0),
-            samples=data.get("samples", 0),
-            loop=LoopRecord.from_dict(data["loop"]) if data.get("loop") else None,
-            events=data.get("events", 0),
-            overhead_ns=data.get("overhead_ns", 0.0),
-            gpu=data.get("gpu"),
-            host=data.get("host"),
-            notes=list(data.get("notes", [])),
-            interrupted=bool(data.get("interrupted", False)),
+            framework=get("framework", lambda v: v in ("torch", "tf"), '"torch" or "tf"', "torch"),
+            mode=get("mode", lambda v: v in ("loader", "loop"), '"loader" or "loop"', "loader"),
+            meta=get("meta", _is_dict, "an object", {}),
+            started_at=get("started_at", _is_number, "a number", 0.0),
+            start_ns=get("start_ns", _is_int, _INT, 0),
+            end_ns=get("end_ns", _is_int, _INT, 0),
+            first_batch_ns=get("first_batch_ns", _is_int_or_none, _INT_OR_NULL, None),
+            first_ready_ns=get("first_ready_ns", _is_int_or_none, _INT_OR_NULL, None),
+            first_samples=get("first_samples", _is_int, _INT, 0),
+            last_ready_ns=get("last_ready_ns", _is_int, _INT, 0),
+            wait=_stat(data.get("wait", {}), "session.wait"),
+            batches=get("batches", _is_int, _INT, 0),
+            samples=get("samples", _is_int, _INT, 0),
+            loop=LoopRecord.from_dict(loop, "session.loop") if loop else None,
+            events=get("events", _is_int, _INT, 0),
+            overhead_ns=get("overhead_ns", _is_number, "a number", 0.0),
+            gpu=get("gpu", _is_dict_or_none, "an object or null", None),
+            host=get("host", _is_dict_or_none, "an object or null", None),
+            notes=list(get("notes", _is_strings, "a list of strings", [])),
+            interrupted=get("interrupted", lambda v: isinstance(v, bool), "true or false", False),
         )
-        s.stages = {
-            t: {p: Stat.from_dict(d) for p, d in st.items()}
-            for t, st in data.get("stages", {}).items()
-        }
-        s.workers = {t: WorkerRecord(**w) for t, w in data.get("workers", {}).items()}
-        s.batch_ring.extend(tuple(b) for b in data.get("batch_ring", []))  # type: ignore[misc]
-        s.spans.extend(tuple(x) for x in data.get("spans", []))  # type: ignore[misc]
+        stages = get("stages", _is_dict, "an object", {})
+        for track, paths in stages.items():
+            _need(isinstance(paths, dict), f"session.stages.{track}", "an object", paths)
+            s.stages[track] = {p: _stat(d, f"session.stages.{track}.{p}") for p, d in paths.items()}
+        for track, w in get("workers", _is_dict, "an object", {}).items():
+            s.workers[track] = _worker(w, f"session.workers.{track}")
+        ring = get("batch_ring", _is_list, "a list", [])
+        shape = "[index, track, ready_ns, wait_ns, samples, busy_ns]"
+        rows = _rows(ring, "session.batch_ring", _BATCH_ROW, shape)
+        s.batch_ring.extend(tuple(r) for r in rows)  # type: ignore[misc]
+        spans = get("spans", _is_list, "a list", [])
+        rows = _rows(spans, "session.spans", _SPAN_ROW, "[track, path, start_ns, duration_ns]")
+        s.spans.extend(tuple(r) for r in rows)  # type: ignore[misc]
         return s
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -290,13 +323,16 @@ class Session:
 
 
 def read_file(path: str | os.PathLike[str]) -> Session:
-    """Load a session saved by ``Session.save`` or ``Report.save``."""
+    """Load a session saved by ``Session.save`` or ``Report.save``. A file that is no such
+    session raises ``ValueError`` naming the file and what is wrong with it."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"no such pipeprof file: {p}") from None
-    except json.JSONDecodeError as exc:
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p} is not a pipeprof JSON file: it is not UTF-8 text ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{p} is not a pipeprof JSON file ({exc})") from None
     if isinstance(data, dict) and "session" not in data and "schema" in data:
         raise ValueError(
@@ -309,4 +345,117 @@ def read_file(path: str | os.PathLike[str]) -> Session:
             f"{p} holds no pipeprof session: pass a file written by report.save() or "
             "`pipeprof demo -o FILE.json`"
         )
-    return Session.from_dict(data["session"])
+    try:
+        return Session.from_dict(data["session"])
+    except _Malformed as exc:
+        raise ValueError(
+            f"{p} is a damaged pipeprof file: {exc}. Was it edited or cut short? Save the "
+            "report again with report.save(path)"
+        ) from None
+    except ValueError as exc:  # a newer schema version
+        raise ValueError(f"{p}: {exc}") from None
+
+
+# ---- reading a saved session: light checks, so a malformed file fails on load, not later ----
+
+
+class _Malformed(ValueError):
+    """A part of a saved session is not what ``to_dict`` writes there."""
+
+
+_INT = "a whole number"
+_INT_OR_NULL = "a whole number or null"
+_STAT_INTS = ("count", "total_ns", "min_ns", "max_ns")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_int_or_none(v: Any) -> bool:
+    return v is None or _is_int(v)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_dict(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _is_dict_or_none(v: Any) -> bool:
+    return v is None or isinstance(v, dict)
+
+
+def _is_list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+_BATCH_ROW = (_is_int, _is_str, _is_int, _is_int, _is_int, _is_int)
+_SPAN_ROW = (_is_str, _is_str, _is_int, _is_int)
+_STEP_ROW = (_is_int, _is_int, _is_int, _is_int, lambda v: isinstance(v, int))  # int or bool
+
+
+def _shown(v: Any) -> str:
+    """A JSON value as a message names it: its JSON type and a short excerpt."""
+    if v is None:
+        return "null"
+    kind = {bool: "true/false", int: "a number", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(v), type(v).__name__)  # fmt: skip
+    text = json.dumps(v) if isinstance(v, (bool, int, float, str)) else repr(v)
+    return f"{kind} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _need(ok: bool, where: str, what: str, value: Any) -> None:
+    if not ok:
+        raise _Malformed(f"{where} should be {what}, not {_shown(value)}")
+
+
+def _get(data: dict[str, Any], key: str, where: str, check: Any, what: str, default: Any) -> Any:
+    value = data.get(key, default)
+    _need(check(value), f"{where}.{key}", what, value)
+    return value
+
+
+def _is_bucket(b: Any) -> bool:
+    return _is_int(b) or (isinstance(b, str) and b.removeprefix("-").isdecimal())
+
+
+def _untag(d: Any) -> Any:
+    """A Stat as files from before LoopRecord tagged it: ``{"__stat__": {...}}``."""
+    return d.get("__stat__", d) if isinstance(d, dict) else d
+
+
+def _stat(d: Any, where: str) -> Stat:
+    _need(isinstance(d, dict), where, "an object of statistics (count, total_ns, ...)", d)
+    for key in _STAT_INTS:
+        _get(d, key, where, _is_int, _INT, 0)
+    _get(d, "sum_sq", where, _is_number, "a number", 0.0)
+    hist = _get(d, "hist", where, _is_dict, "an object", {})
+    for b, c in hist.items():
+        _need(_is_bucket(b), f"{where}.hist", "keyed by bucket numbers", b)
+        _need(_is_int(c), f"{where}.hist.{b}", _INT, c)
+    return Stat.from_dict(d)
+
+
+def _worker(d: Any, where: str) -> WorkerRecord:
+    _need(isinstance(d, dict), where, "an object", d)
+    keys = ("pid", "busy_ns", "batches", "samples", "cpu_ns")
+    return WorkerRecord(**{k: _get(d, k, where, _is_int, _INT, 0) for k in keys})
+
+
+def _rows(rows: list[Any], where: str, kinds: tuple[Any, ...], shape: str) -> list[list[Any]]:
+    """The rows of a ring, checked: each a list of ``len(kinds)`` values that pass their check."""
+    for i, row in enumerate(rows):
+        ok = isinstance(row, list) and len(row) == len(kinds)
+        _need(ok and all(check(v) for check, v in zip(kinds, row)), f"{where}[{i}]", shape, row)
+    return rows
