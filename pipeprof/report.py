@@ -14,8 +14,8 @@ from typing import Any
 
 from pipeprof.analyze import analyze
 from pipeprof.analyze.compare import compare_dicts
-from pipeprof.core.session import Session, read_file
-from pipeprof.render.result import Result, write_atomic
+from pipeprof.core.session import Session, read_file, write_atomic
+from pipeprof.render.result import Result
 
 # what analysing malformed data from a file raises: turned into one ValueError naming the file
 _MALFORMED = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)

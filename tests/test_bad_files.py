@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,25 @@ def test_free_form_gpu_figures_that_are_damaged_are_named_when_rendered(tmp_path
         assert res.stderr.startswith("pipeprof: ") and str(bad) in res.stderr, res.stderr
         assert "Traceback" not in res.stderr, res.stderr
         assert "was the file edited?" in res.stderr or "damaged pipeprof report" in res.stderr
+
+
+def test_an_absurd_core_count_does_not_hang_analysis(tmp_path):
+    """A damaged ``cpu_count`` (1e18) is capped: the what-if search stays small."""
+    data = json.loads((Path(__file__).parent / "golden" / "session-loader.json").read_text())
+    data["session"]["meta"]["cpu_count"] = 10**18
+    if data["session"].get("host"):
+        data["session"]["host"]["cpu_count"] = 10**18
+    path = tmp_path / "cores.json"
+    path.write_text(json.dumps(data))
+    t0 = time.perf_counter()
+    report = pipeprof.load(path)
+    assert time.perf_counter() - t0 < 5
+    assert report["what_if"]
+
+
+def test_a_failed_save_names_the_file_not_its_temporary(tmp_path):
+    report = pipeprof.load(Path(__file__).parent / "golden" / "session-loader.json")
+    with pytest.raises(OSError) as info:
+        report.save(tmp_path / "missing" / "run.json")
+    assert str(tmp_path / "missing" / "run.json") in str(info.value)
+    assert ".tmp" not in str(info.value)

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 Finding = dict[str, Any]
+MAX_CORES = 4096
 
 
 def finding(
@@ -53,6 +54,7 @@ def pipeline_facts(report: dict[str, Any]) -> dict[str, Any]:
     cores = int(
         (report.get("host") or {}).get("cpu_count") or meta.get("cpu_count") or os.cpu_count() or 1
     )
+    cores = min(max(cores, 1), MAX_CORES)  # a damaged file must not send the what-if searching
     busy_s = sum(w["busy_s"] for w in report["workers"])
     samples = sum(w["samples"] for w in report["workers"])
     rate = samples / busy_s if busy_s else None  # samples per busy second of one process

@@ -150,8 +150,8 @@ def seen_stretch(k: int, q: float, qm: float, n: float, cores: float) -> float:
     with ``qm`` and ``n`` background tasks (see NOTE [ Worker pool model ])."""
     y_mean = 1 + (k - 1) * q + qm + n
     below = 0.0  # E[max(1, Y/P)] = E[Y]/P + E[(1 - Y/P)+], and only Y < P adds to the second
-    for b in range(0, min(k - 1, math.ceil(cores)) + 1):
-        pb = _binom(k - 1, b, q)
+    top = min(k - 1, math.ceil(cores))
+    for b, pb in zip(range(top + 1), _binom_terms(k - 1, q, top)):
         for extra, pm in ((0, 1.0 - qm), (1, qm)):
             y = 1 + b + extra + n
             if y < cores:
@@ -159,11 +159,23 @@ def seen_stretch(k: int, q: float, qm: float, n: float, cores: float) -> float:
     return y_mean / cores + below
 
 
+def _binom_terms(n: int, p: float, top: int) -> list[float]:
+    """P(X = b) for b = 0..top, X ~ Binomial(n, p): the first by logs, then by recurrence."""
+    if p <= 0.0 or p >= 1.0:
+        hit = 0 if p <= 0.0 else n
+        return [1.0 if b == hit else 0.0 for b in range(top + 1)]
+    ratio = p / (1.0 - p)
+    term = math.exp(n * math.log1p(-p))
+    if term == 0.0:  # underflow at large n: fall back to logs term by term
+        return [_binom(n, b, p) for b in range(top + 1)]
+    out = [term]
+    for b in range(top):
+        term *= (n - b) / (b + 1) * ratio
+        out.append(term)
+    return out
+
+
 def _binom(n: int, k: int, p: float) -> float:
-    if p <= 0.0:
-        return 1.0 if k == 0 else 0.0
-    if p >= 1.0:
-        return 1.0 if k == n else 0.0
     log = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
     return math.exp(log + k * math.log(p) + (n - k) * math.log1p(-p))
 
@@ -208,6 +220,11 @@ def ceiling(model: Model) -> tuple[float, int | None]:
     top = max(rates, key=lambda k: rates[k])
     i = grid.index(top)  # refine between the grid's neighbours of the best
     lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    while hi - lo > 32:  # narrow a wide bracket (many cores) 16 points at a time
+        points = sorted({round(lo + j * (hi - lo) / 16) for j in range(17)})
+        rates.update({k: throughput(model, k) for k in points if k not in rates})
+        j = points.index(max(points, key=lambda k: rates[k]))
+        lo, hi = points[max(0, j - 1)], points[min(len(points) - 1, j + 1)]
     rates.update({k: throughput(model, k) for k in range(lo, hi + 1) if k not in rates})
     best = max(rates.values())
     return best, min(k for k, x in rates.items() if x >= best / 1.0005)

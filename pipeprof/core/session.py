@@ -315,11 +315,22 @@ class Session:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the session as JSON (atomically: a crash never leaves half a file)."""
-        target = Path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps({"session": self.to_dict()}))
+        return write_atomic(path, json.dumps({"session": self.to_dict()}))
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file: a crash never leaves half a file.
+    An OSError names ``path`` (not the temporary file)."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, target)
-        return target
+    except OSError as exc:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        raise type(exc)(exc.errno, exc.strerror, str(target)) from None
+    return target
 
 
 def read_file(path: str | os.PathLike[str]) -> Session:

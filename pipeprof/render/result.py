@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pipeprof.core.session import write_atomic
+
 
 class Result:
     """Base of the result objects; subclasses implement ``_data_dict``, ``render``,
@@ -59,12 +61,3 @@ class Result:
 
     def __str__(self) -> str:
         return self.render("text")
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file: a crash never leaves half a file."""
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
-    return target
