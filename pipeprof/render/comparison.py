@@ -17,7 +17,7 @@ from rich.text import Text
 from pipeprof.render import charts
 from pipeprof.render.figures import num, pct, visible
 from pipeprof.render.html import CSS, page
-from pipeprof.render.text import to_text
+from pipeprof.render.text import table, to_text
 
 STYLE = {True: "green", False: "red", None: "dim"}
 FINDING_KINDS = (
@@ -77,14 +77,7 @@ def figure_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
 
 
 def _delta_table(title: str, rows: list[tuple[str, dict[str, Any], str]], labels: Any) -> Table:
-    t = Table(
-        title=title,
-        title_justify="left",
-        title_style="bold",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        pad_edge=False,
-    )
+    t = table(title)
     t.add_column("", no_wrap=True, max_width=30, overflow="ellipsis")
     t.add_column(labels["before"][:14], justify="right")
     t.add_column(labels["after"][:14], justify="right")

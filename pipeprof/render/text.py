@@ -48,7 +48,8 @@ def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
     return "█" * full + ("▌" if cells - full >= 0.5 else "")
 
 
-def _table(title: str) -> Table:
+def table(title: str) -> Table:
+    """A titled table in the summary's style."""
     return Table(
         title=title,
         title_justify="left",
@@ -125,11 +126,11 @@ def overview(data: dict[str, Any]) -> RenderableType:
     return t
 
 
-def step_table(loop: dict[str, Any]) -> RenderableType:
+def steptable(loop: dict[str, Any]) -> RenderableType:
     """Where the loop's time goes: wait, transfer, compute and other regions."""
     view, label = loop_view(loop)
     steps = max(1, view.get("steps") or loop.get("steps") or 1)
-    t = _table(f"step time ({label})")
+    t = table(f"step time ({label})")
     t.add_column("part", no_wrap=True)
     t.add_column("ms/step", justify="right")
     t.add_column("share", justify="right")
@@ -150,11 +151,11 @@ def step_table(loop: dict[str, Any]) -> RenderableType:
     return t
 
 
-def region_table(loop: dict[str, Any]) -> RenderableType | None:
+def regiontable(loop: dict[str, Any]) -> RenderableType | None:
     regions = loop.get("regions") or {}
     if not regions:
         return None
-    t = _table("regions")
+    t = table("regions")
     t.add_column("region", no_wrap=True, max_width=24)
     for col in ("calls", "total s", "mean ms", "p95 ms", "max ms"):
         t.add_column(col, justify="right")
@@ -170,11 +171,11 @@ def region_table(loop: dict[str, Any]) -> RenderableType | None:
     return t
 
 
-def stage_table(data: dict[str, Any]) -> RenderableType | None:
+def stagetable(data: dict[str, Any]) -> RenderableType | None:
     stages = data.get("stages") or {}
     if not stages:
         return None
-    t = _table("pipeline stages (time summed over workers)")
+    t = table("pipeline stages (time summed over workers)")
     t.add_column("stage", no_wrap=True, max_width=28, overflow="ellipsis")
     t.add_column("ms/sample", justify="right")
     t.add_column("ms/batch", justify="right")
@@ -199,13 +200,13 @@ def stage_table(data: dict[str, Any]) -> RenderableType | None:
     return t
 
 
-def worker_table(data: dict[str, Any]) -> RenderableType | None:
+def workertable(data: dict[str, Any]) -> RenderableType | None:
     rows = data.get("workers") or []
     if not rows:
         return None
     ratio = balance(data)
     title = "processes" + (f" (busiest worker {ratio:.2f}× the mean)" if ratio else "")
-    t = _table(title)
+    t = table(title)
     for col in ("process", "pid", "batches", "busy s", "samples/s", "busy", ""):
         t.add_column(col, justify="left" if col == "process" else "right", no_wrap=True)
     for w in rows:
@@ -302,10 +303,10 @@ def parts(data: dict[str, Any]) -> Iterator[RenderableType]:
     yield verdict_panel(data)
     yield overview(data)
     loop = data.get("loop")
-    sections = [step_table(loop), region_table(loop)] if loop else []
+    sections = [steptable(loop), regiontable(loop)] if loop else []
     sections += [
-        stage_table(data),
-        worker_table(data),
+        stagetable(data),
+        workertable(data),
         utilisation(data),
         finding_list(data),
         what_if_line(data),
