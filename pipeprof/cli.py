@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from pipeprof.bench.bench import Bench, bench
+from pipeprof.core.session import check_writable
 from pipeprof.render import FORMATS, format_for
 from pipeprof.report import Report
 from pipeprof.version import __version__
@@ -184,17 +185,9 @@ def _format(args: argparse.Namespace, formats: tuple[str, ...] = FORMATS) -> str
 
 
 def _check_writable(output: str) -> None:
-    """Fail now, naming ``output``, if it cannot be written (not after minutes of work): open
-    it as a write would, changing nothing (a file made for the test is removed again)."""
-    target = Path(output)
+    """Fail now, naming ``output``, if it cannot be written."""
     with _naming(output):
-        if target.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", output)
-        if target.exists():
-            target.open("a").close()
-        else:
-            target.open("x").close()
-            target.unlink()
+        check_writable(output)
 
 
 @contextmanager

@@ -10,7 +10,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from pipeprof.collect.loop import GenericSource, StepLog, h2d_ns, run_alone
@@ -18,7 +17,7 @@ from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
 from pipeprof.core.recorder import clock, measure_overhead, recorder
-from pipeprof.core.session import Session
+from pipeprof.core.session import Session, check_writable
 from pipeprof.report import Report
 
 
@@ -211,7 +210,6 @@ class Profiler:
     def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
         s, log = self.session, self._steps_log
         log.record.epochs += 1
-        rec = recorder()
         it = iter(source)
         warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
         handed = 0  # when the last batch went to the user (0: none yet)
@@ -222,14 +220,14 @@ class Profiler:
                 if handed:
                     gpu_start = self._gpu_mark(gpu_start, end=True)
                     log.end(handed, t_req)
-                h2d_before = h2d_ns(rec, s)
+                h2d_before = h2d_ns(s) if moves else 0
                 try:
                     batch = next(it)
                 except StopIteration:
                     handed = 0
                     return
                 t_got = clock()
-                transfer = (h2d_ns(rec, s) - h2d_before) if moves else 0
+                transfer = (h2d_ns(s) - h2d_before) if moves else 0
                 wait = t_got - t_req - transfer
                 log.begin(t_req, wait, transfer, warmup > 0)
                 warmup -= 1
@@ -364,14 +362,13 @@ class Profiler:
 
 def _check_writable(path: str | os.PathLike[str], what: str) -> None:
     """Refuse an output file that cannot be written, before any work is done."""
-    target = Path(path)
-    if target.is_dir():
-        raise ValueError(f"{what}={str(path)!r} is a folder: give a file path such as run.json")
-    folder = target.parent
-    if not folder.is_dir():
-        raise ValueError(f"{what}={str(path)!r}: the folder {folder} does not exist: create it")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"{what}={str(path)!r} cannot be written here: choose another path")
+    try:
+        check_writable(path)
+    except OSError as exc:
+        raise ValueError(
+            f"{what}={str(path)!r} cannot be written ({exc.strerror or exc}): give a file path "
+            "in a folder that exists and that you may write to"
+        ) from None
 
 
 def _sync() -> None:

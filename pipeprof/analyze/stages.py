@@ -43,14 +43,11 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         kids = [v for k, v in table.items() if parent_of(k) == parent]
         total = sum(k["total_s"] for k in kids)
         count = max((k["count"] for k in kids), default=0)
-        table[parent] = {
+        table[parent] = {  # the keys of a timed stage; no percentiles of its own
+            **figures(Stat()),
             "total_s": round(total, 9),
             "count": count,
             "mean_ms": round(total * 1e3 / count, 6) if count else None,
-            "p50_ms": None,
-            "p95_ms": None,
-            "p99_ms": None,
-            "max_ms": None,
             "derived": True,
         }
     # tf.data stages come from a trace of the first elements only: per sample of those; a stage
@@ -63,13 +60,13 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         max(tf.get("traced_samples") or session.samples, 1),
         max(tf.get("traced_batches") or session.batches, 1),
     )
-    top_total = sum(v["total_s"] for k, v in table.items() if "/" not in k) or 1.0
+    pipeline_s = top_total(table) or 1.0
     for path, row in table.items():
         under = {t for t, st in session.stages.items() for p in st if _at_or_under(p, path)}
         samples, batches = traced if under and under <= covered else every
         row["per_sample_ms"] = round(row["total_s"] * 1e3 / samples, 6)
         row["per_batch_ms"] = round(row["total_s"] * 1e3 / batches, 6)
-        row["share"] = round(row["total_s"] / top_total, 6) if "/" not in path else None
+        row["share"] = round(row["total_s"] / pipeline_s, 6) if "/" not in path else None
         row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
     # merged (and so table) lists the recorded paths in the order they first ran
     return {path: table[path] for path in tree_order(table)}

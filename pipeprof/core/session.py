@@ -8,6 +8,7 @@ with the number of batches, plus bounded rings of raw spans and recent batches f
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -331,6 +332,19 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
             tmp.unlink(missing_ok=True)
         raise type(exc)(exc.errno, exc.strerror, str(target)) from None
     return target
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise the OSError a write to ``path`` would, now (not after minutes of work), changing
+    nothing: the file is opened as a write would open it, and one made for the test is removed."""
+    target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+    if target.exists():
+        target.open("a").close()
+    else:
+        target.open("x").close()
+        target.unlink()
 
 
 def read_file(path: str | os.PathLike[str]) -> Session:
