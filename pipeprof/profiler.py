@@ -98,6 +98,7 @@ class Profiler:
         self._nvml: Any = None
         self._running = False
         self._last_flush = 0.0
+        self._cpu0 = 0
         self._cached: list[Any] = []
         self._twins: list[tuple[Any, Any]] = []
         self._gpu_events: list[tuple[Any, Any]] = []
@@ -115,8 +116,8 @@ class Profiler:
                 "pipeprof.Profiler() for another run"
             )
         s = self.session
-        s.overhead_ns = measure_overhead()
         s.start_ns = clock()
+        self._cpu0 = time.process_time_ns()
         self._last_flush = time.monotonic()
         self._running = True
         if self.sample_hz:
@@ -134,14 +135,17 @@ class Profiler:
         self._steps_log.fold()
         s = self.session
         s.end_ns = clock()
+        s.meta["main_cpu_ns"] = time.process_time_ns() - self._cpu0
         s.interrupted = s.interrupted or interrupted
         for sampler in self._samplers:
             sampler.stop()
+        s.overhead_ns = measure_overhead()  # after the loop: calibrating is not the loop's time
         self._collect_samplers()
         self._twins.clear()  # lets persistent workers of the profiled twins shut down
         rec = recorder()
         if rec.raw:
             s.merge(rec.drain())
+        s.settle()
         if self.stream:
             self._save_stream()
 
@@ -212,6 +216,9 @@ class Profiler:
         log.record.epochs += 1
         it = iter(source)
         warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
+        # A ProfiledLoader says how long its own bookkeeping took inside next() (never the
+        # user's wait) and how long each batch kept the loop starved (NOTE [ Wait, split ])
+        split = hasattr(source, "last_starved")
         handed = 0  # when the last batch went to the user (0: none yet)
         gpu_start: Any = None
         try:
@@ -221,6 +228,7 @@ class Profiler:
                     gpu_start = self._gpu_mark(gpu_start, end=True)
                     log.end(handed, t_req)
                 h2d_before = h2d_ns(s) if moves else 0
+                own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -228,8 +236,10 @@ class Profiler:
                     return
                 t_got = clock()
                 transfer = (h2d_ns(s) - h2d_before) if moves else 0
-                wait = t_got - t_req - transfer
-                log.begin(t_req, wait, transfer, warmup > 0)
+                own = (source.own_ns - own_before) if split else 0  # type: ignore[attr-defined]
+                wait = max(0, t_got - t_req - transfer - own)
+                starved = min(wait, source.last_starved) if split else wait  # type: ignore[attr-defined]
+                log.begin(t_req, wait, transfer, warmup > 0, starved)
                 warmup -= 1
                 if len(self._cached) < self.replay_batches:
                     self._cached.append(batch)
@@ -293,6 +303,8 @@ class Profiler:
                 self.session.gpu = sampler.to_dict()
             elif isinstance(sampler, HostSampler):
                 self.session.host = sampler.to_dict()
+        if self._samplers:
+            self.session.costs["sampler_ns"] = sum(s.cpu_ns for s in self._samplers)
 
     def _maybe_flush(self) -> None:
         # NVML starts once the first batch is in: DataLoader workers have forked by then.
@@ -411,8 +423,8 @@ def profile(loader: Any, *, batches: int | None = None, device: Any = None) -> R
     from pipeprof.collect.torch.loader import ProfiledLoader
 
     session = Session(framework="torch", mode="loader")
-    session.overhead_ns = measure_overhead()
     run_alone(ProfiledLoader(loader, session, device), session, batches)
+    session.overhead_ns = measure_overhead()  # after the run: calibrating is not its time
     if session.batches == 0 and not session.interrupted:
         raise ValueError(
             "the loader yielded no batches: is its dataset empty, or is drop_last=True "

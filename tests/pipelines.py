@@ -233,8 +233,10 @@ class TickDataset(CostDataset):
     """Each sample opens ``ticks`` empty ``pipeprof.stage("tick")`` regions and logs what the
     whole run of them cost (``ticks``): pipeprof's own time, since the stages hold no work."""
 
-    def __init__(self, n: int, ticks: int, log_dir: str, load_ms: float = 0.0) -> None:
-        super().__init__(n, load_ms=load_ms)
+    def __init__(
+        self, n: int, ticks: int, log_dir: str, load_ms: float = 0.0, transform=None
+    ) -> None:
+        super().__init__(n, load_ms=load_ms, transform=transform)
         self.ticks, self.tick_log = ticks, log_dir
 
     def __getitem__(self, i: int):

@@ -4,7 +4,12 @@ import pytest
 
 import pipeprof
 from pipeprof.core import recorder as recmod
-from pipeprof.core.recorder import recorder, timed_call
+from pipeprof.core.recorder import aggregate, recorder, timed_call
+
+
+def stats_of(payload):
+    """A drain's records as Stats per path, as the session folds them."""
+    return {path: aggregate([packed])[0] for path, packed in payload["raw"].items()}
 
 
 class FakeClock:
@@ -41,7 +46,7 @@ def test_detached_stage_is_subtracted_and_relative_stage_included(fake):
     timed_call("transform/T", transform, 1)  # absolute: detached from load
     fake.now += 500
     rec.close(frame, detach=True)
-    stats = rec.drain()["stats"]
+    stats = stats_of(rec.drain())
     assert stats["load"].total_ns == 3_500  # 1000 + 2000 + 500, not the transform's 3000
     assert stats["load/read"].total_ns == 2_000
     assert stats["transform/T"].total_ns == 3_000
@@ -61,7 +66,7 @@ def test_exception_in_a_stage_still_closes_it(fake):
         fake.now += 10
         timed_call("boom", _raise)
     assert not rec.stack
-    stats = rec.drain()["stats"]
+    stats = stats_of(rec.drain())
     assert stats["outer"].count == 1 and stats["boom"].count == 1
 
 
@@ -74,7 +79,7 @@ def test_per_item_durations_for_batched_loads(fake):
     frame = rec.open("load")
     fake.now += 8_000
     rec.close(frame, n=4)
-    stat = rec.drain()["stats"]["load"]
+    stat = stats_of(rec.drain())["load"]
     assert stat.count == 4 and stat.total_ns == 8_000 and stat.max_ns == 2_000
 
 
@@ -98,7 +103,7 @@ def test_stages_in_helper_threads_nest_under_the_pipeline_stage():
             assert list(pool.map(decode, range(400))) == list(range(400))
             rec.close(frame)
         assert not rec.stack
-        stats = rec.drain()["stats"]
+        stats = stats_of(rec.drain())
     finally:
         rec.enabled = False
         rec.reset("main")

@@ -22,6 +22,11 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 def analyze(session: Session) -> dict[str, Any]:
     """The report dictionary for ``session`` (see DESIGN.md, the report contract)."""
+    with session.settled():  # queued records folded in; no background fold while we read
+        return _analyze(session)
+
+
+def _analyze(session: Session) -> dict[str, Any]:
     stages = stage_table(session)
     overall, steady = throughput(session)
     workers = worker_table(session, session.wall_ns)

@@ -25,13 +25,34 @@ def _parts(part: dict[str, Stat], h2d_s: float) -> dict[str, float]:
     return {"wait_s": wait, "transfer_s": transfer, "compute_s": compute, "overhead_s": overhead}
 
 
-def _fractions(p: dict[str, float]) -> dict[str, Any]:
+def _fractions(p: dict[str, float], part: dict[str, Stat]) -> dict[str, Any]:
     wall = sum(p.values())
     out: dict[str, Any] = {k: round(v, 9) for k, v in p.items()}
     out["wall_s"] = round(wall, 9)
     for k in ("wait", "transfer", "compute", "overhead"):
         out[f"{k}_fraction"] = round(p[f"{k}_s"] / wall, 6) if wall else None
+    out.update(wait_split(part, p["wait_s"], wall))
     return out
+
+
+def wait_split(part: dict[str, Stat], wait_s: float, wall_s: float) -> dict[str, Any]:
+    """The wait of a group of steps as *starved* (the batch was not ready) and *hand-over* (it
+    was, and was being moved): NOTE [ Wait, split ] in collect/torch/loader.py. ``wait_s`` may
+    be less than recorded (moved to GPU compute); the split shrinks in proportion. A file from
+    before the split has none: all of its wait is starved, as the verdict read it then."""
+    recorded = part["wait"].total_ns
+    starved_ns = part["starved"].total_ns if part["starved"].count else recorded
+    scale = wait_s * 1e9 / recorded if recorded else 0.0
+    starved = starved_ns * scale / 1e9
+    handover = max(0.0, wait_s - starved)
+    steps = part["wait"].count
+    return {
+        "starved_s": round(starved, 9),
+        "handover_s": round(handover, 9),
+        "starved_fraction": round(starved / wall_s, 6) if wall_s else None,
+        "handover_fraction": round(handover / wall_s, 6) if wall_s else None,
+        "handover_ms_per_step": round(handover * 1e3 / steps, 6) if steps else None,
+    }
 
 
 def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | None:
@@ -48,13 +69,18 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
     p_steady = _parts(steady, h2d_s * share)
     shift = _gpu_shift(loop.gpu_compute, p_first, p_steady)
     total = {k: p_first[k] + p_steady[k] for k in p_first}
-    out = _fractions(total)
+    both = {k: Stat() for k in ("wait", "starved", "handover")}
+    for part in (first, steady):
+        for k, stat in both.items():
+            stat.merge(part[k])
+    out = _fractions(total, both)
     out.update(
         {
             "steps": loop.steps,
             "epochs": loop.epochs,
             "startup_s": round(loop.startup_ns / 1e9, 9) if loop.startup_ns is not None else None,
-            "steady": {"steps": n_steady, **_fractions(p_steady)},
+            "steady": {"steps": n_steady, **_fractions(p_steady, steady)},
+            "startup_wait_s": round(p_first["wait_s"], 9),
             "view": "steady" if steady_enough(n_steady, p_steady) else "all",
             "step_ms": figures(steady["step"] if n_steady else first["step"]),
             "wait_ms": figures(steady["wait"]),

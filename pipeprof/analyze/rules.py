@@ -185,7 +185,7 @@ def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
         "profiler-overhead",
         "warning",
         None,
-        f"pipeprof's own timing is about {frac:.1%} of the measured time",
+        f"pipeprof's own work is about {frac:.1%} of the CPU time the profiled processes used",
         {"estimated_fraction": frac},
         "stages are very short: time fewer, coarser stages",
     )

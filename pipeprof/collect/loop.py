@@ -2,7 +2,10 @@
 
 NOTE [ Step attribution ]
 A step starts when the loop asks for a batch. ``wait`` is the time blocked in ``next()``;
-``transfer`` is the host-to-device copy when pipeprof moves the batch (``device=``), plus the
+``wait`` splits into *starved* and *hand-over* where the source knows when each batch was
+ready (a DataLoader: NOTE [ Wait, split ] in collect/torch/loader.py); pipeprof's own
+bookkeeping inside ``next()`` is measured there and left out of the wait. ``transfer`` is the
+host-to-device copy when pipeprof moves the batch (``device=``), plus the
 user's regions named ``Transfer``/``H2D``/``IO``; ``compute`` is the rest of the step, from the
 moment the batch is handed over to the next request, minus "overhead" regions (any region that
 is not a compute key — logging, callbacks, ``Other``; see core/regions.py). ``Epoch`` and
@@ -19,6 +22,7 @@ compute (the GPU was still busy while the CPU waited).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -68,12 +72,18 @@ class StepLog:
         if kind in self._class_ns:
             self._class_ns[kind] += max(0, duration_ns - inner)
 
-    def begin(self, t_req: int, wait: int, transfer: int, first: bool) -> None:
-        """A step got its batch: it asked at ``t_req``, waited ``wait`` and copied ``transfer``."""
+    def begin(
+        self, t_req: int, wait: int, transfer: int, first: bool, starved: int | None = None
+    ) -> None:
+        """A step got its batch: it asked at ``t_req``, waited ``wait``, ``starved`` of it before
+        the batch was ready (None: not known, all of it), and copied ``transfer``."""
         rec = self.record
         part = self._pending["first" if first else "steady"]
         wait = max(0, wait)
+        starved = wait if starved is None else min(max(0, starved), wait)
         part["wait"].append(wait)
+        part["starved"].append(starved)
+        part["handover"].append(wait - starved)
         part["transfer"].append(transfer)
         if rec.startup_ns is None:
             rec.startup_ns = wait
@@ -131,6 +141,7 @@ def run_alone(source: Iterable[Any], session: Session, batches: int | None) -> N
     pipeline's time.
     """
     session.start_ns = clock()
+    cpu0 = time.process_time_ns()
     it = iter(source)
     try:
         for i, _ in enumerate(it):
@@ -140,6 +151,7 @@ def run_alone(source: Iterable[Any], session: Session, batches: int | None) -> N
         session.interrupted = True
     finally:
         session.end_ns = clock()
+        session.meta["main_cpu_ns"] = time.process_time_ns() - cpu0
         it.close()  # type: ignore[attr-defined]
 
 

@@ -34,3 +34,18 @@ def samples_to_collate(samples: Any) -> int:
         return len(samples)
     except TypeError:
         return 1
+
+
+def batch_nbytes(batch: Any, depth: int = 0) -> int:
+    """Bytes of the arrays in a batch (torch, NumPy: ``nbytes``), looking through tuples, lists
+    and dicts: what moves from a worker to the training process per batch."""
+    n = getattr(batch, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    if depth > 4:
+        return 0
+    if isinstance(batch, dict):
+        return sum(batch_nbytes(v, depth + 1) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(batch_nbytes(v, depth + 1) for v in batch[:64])
+    return 0

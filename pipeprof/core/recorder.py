@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import os
 import threading
+from array import array
 import time
 from typing import Any
 
 from pipeprof.core.stats import Stat
 
 clock = time.perf_counter_ns
-
-#: Raw spans per stage kept from one drain (a worker drains after every batch).
-SPAN_RING = 4096
-
 
 class _Stack(list):  # type: ignore[type-arg]
     """One thread's open frames ``[path, detached ns, start, stack, sink]``, and where that
@@ -173,8 +170,8 @@ class Recorder:
         return bool(self.sink)
 
     def drain(self, sink: dict[str, list[int]] | None = None) -> dict[str, Any]:
-        """Take what was recorded into ``sink`` (default: this thread's) since the last drain as
-        stats, spans and an event count."""
+        """Take what was recorded into ``sink`` (default: this thread's) since the last drain,
+        packed for transport (see ``pack``)."""
         if sink is None:
             sink = self.sink
         if sink is self.raw:
@@ -182,31 +179,34 @@ class Recorder:
         else:
             raw = dict(sink)
             sink.clear()
-        stats, spans, first, events = aggregate(raw)
-        return {
-            "stats": stats,
-            "spans": spans,
-            "events": events,
-            "track": self.track,
-            "pid": self.pid,
-            "first_ns": first,
-        }
+        return pack(raw, self.track, self.pid)
 
 
-def aggregate(raw: dict[str, list[int]]) -> tuple[dict[str, Stat], list[Any], int | None, int]:
-    """Stats per path, the spans (path, starts, durations) and the earliest start."""
-    stats: dict[str, Stat] = {}
-    spans: list[Any] = []
+def pack(raw: dict[str, list[int]], track: str, pid: int) -> dict[str, Any]:
+    """Records as they travel (NOTE [ Deferred aggregation ] in core/session.py): per path the
+    flat ``start, self_ns, n`` triples as int64 bytes, which pickle and unpickle as one copy.
+    A worker pays a few tens of ns per record here; the aggregation into ``Stat``s happens later,
+    in bulk, off the training loop's path."""
+    packed: dict[str, bytes] = {}
     first: int | None = None
     events = 0
     for path, flat in raw.items():
-        starts, durs, ns = flat[0::3], flat[1::3], flat[2::3]
-        stats[path] = Stat.of_many(durs, ns)
-        spans.append((path, starts[-SPAN_RING:], durs[-SPAN_RING:]))
-        lo = min(starts)
+        if not flat:
+            continue
+        packed[path] = array("q", flat).tobytes()
+        lo = min(flat[0::3])
         first = lo if first is None or lo < first else first
-        events += len(durs)
-    return stats, spans, first, events
+        events += len(flat) // 3
+    return {"raw": packed, "track": track, "pid": pid, "first_ns": first, "events": events}
+
+
+def aggregate(packed: list[bytes]) -> tuple[Stat, Any, Any]:
+    """One path's packed records (several drains) as a Stat, its starts and its self times."""
+    flat = array("q")
+    for chunk in packed:
+        flat.frombytes(chunk)
+    starts, durs, ns = flat[0::3], flat[1::3], flat[2::3]
+    return Stat.of_many(durs, ns), starts, durs
 
 
 _recorder = Recorder()

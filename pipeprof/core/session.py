@@ -4,6 +4,16 @@ A Session is the only contract between collection (collectors, samplers) and out
 renderers). It holds aggregates whose size grows with the number of stages and workers, never
 with the number of batches, plus bounded rings of raw spans and recent batches for traces.
 ``save``/``load`` round-trip it as JSON; ``from_dict`` fills defaults for keys an older file lacks.
+
+NOTE [ Deferred aggregation ]
+A worker's records reach the main process with each batch, packed as bytes (``recorder.pack``):
+unpickling them inside the loop's ``next()`` is one copy, and ``merge`` only queues them. They
+are folded into ``stages``, ``spans`` and ``events`` in bulk, vectorised, by ``settle``: when a
+report or a file is made (``to_dict``, ``analyze``), at the end of each pass over a loader, and,
+in long runs, on a short-lived background thread once ``SETTLE_EVENTS`` records are pending, a
+chunk at a time so the loop's thread never waits long for the GIL. Read ``stages`` through
+``settled()`` (or after ``settle()``). The settling thread's CPU time is pipeprof's own cost and
+lands in ``costs["settle_ns"]``.
 """
 
 from __future__ import annotations
@@ -11,21 +21,27 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeprof.core.recorder import aggregate
 from pipeprof.core.stats import Stat
 
 SCHEMA_VERSION = 1
 SPAN_LIMIT = 200_000  # raw spans kept for traces (about 10 MB); aggregates are exact regardless
 BATCH_LIMIT = 10_000  # recent per-batch records kept
 STEP_RING = 10_000  # recent loop steps kept for timelines
+SETTLE_EVENTS = 65_536  # pending records that start a background settle (about 1.5 MB)
+SETTLE_CHUNK = 8_192  # records folded between two releases of the GIL
 # Per-step figures of a training loop (NOTE [ Step attribution ] in collect/loop.py), in ns
-STEP_PARTS = ("wait", "transfer", "user_transfer", "compute", "overhead", "step")
+STEP_PARTS = (
+    "wait", "starved", "handover", "transfer", "user_transfer", "compute", "overhead", "step",
+)  # fmt: skip
 
 Mode = Literal["loader", "loop"]
 Framework = Literal["torch", "tf"]
@@ -134,6 +150,11 @@ class Session:
     first_samples: int = 0
     last_ready_ns: int = 0
     wait: Stat = field(default_factory=Stat)  # waits after the first batch
+    # ... split (NOTE [ Wait, split ] in collect/torch/loader.py): the batch was not ready yet /
+    # it was ready and being handed over; with no split known, all of the wait is starved
+    starved: Stat = field(default_factory=Stat)
+    handover: Stat = field(default_factory=Stat)
+    batch_bytes: Stat = field(default_factory=Stat)  # bytes per batch, every few batches
     batches: int = 0
     samples: int = 0
     loop: LoopRecord | None = None  # a training loop's steps (loop mode)
@@ -145,26 +166,81 @@ class Session:
     )  # (track, path, start_ns, duration_ns)
     events: int = 0  # timed regions recorded, all processes
     overhead_ns: float = 0.0  # measured cost of one timed region in the main process
+    # pipeprof's own measured cost, ns by where it was spent (see analyze/stages.overhead)
+    costs: dict[str, int] = field(default_factory=dict)
     gpu: dict[str, Any] | None = None
     host: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    _pending: deque[dict[str, Any]] = field(default_factory=deque, repr=False, compare=False)
+    _pending_events: int = field(default=0, repr=False, compare=False)
+    _lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
+    _settler: threading.Thread | None = field(default=None, repr=False, compare=False)
 
     # ---- collection ---------------------------------------------------------------------
 
     def merge(self, payload: dict[str, Any]) -> None:
-        """Fold a recorder drain (see ``Recorder.drain``) into the session."""
-        track = payload["track"]
-        mine = self.stages.setdefault(track, {})
-        for path, stat in payload["stats"].items():
+        """Queue a recorder drain (``Recorder.drain``) for ``settle`` (NOTE [ Deferred
+        aggregation ]): what the training loop's thread pays per batch is this append."""
+        self._pending.append(payload)
+        self._pending_events += payload["events"]
+        if self._pending_events >= SETTLE_EVENTS and self._settler is None:
+            self._settler = threading.Thread(
+                target=self._settle_behind, name="pipeprof-settle", daemon=True
+            )
+            self._settler.start()
+
+    def settle(self, chunk: int | None = None) -> None:
+        """Fold the queued drains into ``stages``, ``spans`` and ``events``; with ``chunk``, a
+        chunk of about that many records at a time, letting other threads run in between."""
+        while self._pending:
+            with self._lock:
+                taken: list[dict[str, Any]] = []
+                n = 0
+                while self._pending and (chunk is None or n < chunk):
+                    payload = self._pending.popleft()
+                    taken.append(payload)
+                    n += payload["events"]
+                self._pending_events -= n
+                self._fold(taken)
+            if chunk is not None:
+                time.sleep(0)  # the loop's thread may want the GIL
+
+    def _fold(self, payloads: list[dict[str, Any]]) -> None:
+        by_path: dict[tuple[str, str], list[bytes]] = defaultdict(list)
+        for payload in payloads:
+            track = payload["track"]
+            for path, packed in payload["raw"].items():
+                by_path[track, path].append(packed)
+            self.events += payload["events"]
+        for (track, path), packed in by_path.items():
+            stat, starts, durs = aggregate(packed)
+            mine = self.stages.setdefault(track, {})
             have = mine.get(path)
             if have is None:
                 mine[path] = stat
             else:
                 have.merge(stat)
-        for path, starts, durs in payload["spans"]:
-            self.spans.extend(zip(repeat(track), repeat(path), starts, durs))
-        self.events += payload["events"]
+            keep = self.spans.maxlen or len(starts)
+            self.spans.extend(zip(repeat(track), repeat(path), starts[-keep:], durs[-keep:]))
+
+    def _settle_behind(self) -> None:
+        t0 = time.thread_time_ns()
+        try:
+            self.settle(chunk=SETTLE_CHUNK)
+        finally:
+            self.add_cost("settle_ns", time.thread_time_ns() - t0)
+            self._settler = None
+
+    def settled(self) -> Any:
+        """``with session.settled():`` everything queued is folded in, and no background settle
+        changes ``stages`` or ``spans`` while the block reads them."""
+        self.settle()
+        return self._lock
+
+    def add_cost(self, where: str, ns: int) -> None:
+        """pipeprof's own cost, measured (``costs``: main_ns, settle_ns, worker_ns...)."""
+        self.costs[where] = self.costs.get(where, 0) + ns
 
     def add(self, track: str, path: str, ns: int, n: int = 1) -> None:
         """Record one timing measured outside a recorder (the pin-memory thread, say)."""
@@ -183,13 +259,21 @@ class Session:
         span: str | None = None,
         track: str = "main",
         busy_ns: int = 0,
+        starved_ns: int | None = None,
     ) -> None:
-        """The consumer got a batch of ``samples``, blocked in ``next()`` from ``t0`` to ``t1``;
-        with ``t_iter`` (when ``iter()`` was called) it is the first batch: start-up, not wait."""
+        """The consumer got a batch of ``samples``, blocked in ``next()`` from ``t0`` to ``t1``,
+        ``starved_ns`` of it before the batch was ready (None: not known, all of it); with
+        ``t_iter`` (when ``iter()`` was called) it is the first batch: start-up, not wait."""
         if t_iter is not None:
             self.first_batch_ns = t1 - t_iter
         else:
-            self.wait.add(t1 - t0)
+            wait = t1 - t0
+            starved = wait if starved_ns is None else starved_ns
+            self.wait.add(wait)
+            self.starved.add(starved)
+            self.handover.add(wait - starved)
+            if wait - starved > 0:
+                self.spans.append(("main", "wait/hand-over", t1 - wait + starved, wait - starved))
         if span is not None:
             self.spans.append(("main", span, t0, t1 - t0))
         self.batch_ring.append((self.batches, track, t1, t1 - t0, samples, busy_ns))
@@ -219,6 +303,10 @@ class Session:
     # ---- persistence --------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        with self.settled():
+            return self._to_dict()
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
             "framework": self.framework,
@@ -234,6 +322,9 @@ class Session:
             "first_samples": self.first_samples,
             "last_ready_ns": self.last_ready_ns,
             "wait": self.wait.to_dict(),
+            "starved": self.starved.to_dict(),
+            "handover": self.handover.to_dict(),
+            "batch_bytes": self.batch_bytes.to_dict(),
             "batches": self.batches,
             "samples": self.samples,
             "loop": self.loop.to_dict() if self.loop is not None else {},
@@ -241,6 +332,7 @@ class Session:
             "spans": [list(s) for s in self.spans],
             "events": self.events,
             "overhead_ns": self.overhead_ns,
+            "costs": dict(self.costs),
             "gpu": self.gpu,
             "host": self.host,
             "notes": self.notes,
@@ -289,11 +381,15 @@ class Session:
             first_samples=get("first_samples", _is_int, _INT, 0),
             last_ready_ns=get("last_ready_ns", _is_int, _INT, 0),
             wait=_stat(data.get("wait", {}), "session.wait"),
+            starved=_stat(data.get("starved", data.get("wait", {})), "session.starved"),
+            handover=_stat(data.get("handover", {}), "session.handover"),
+            batch_bytes=_stat(data.get("batch_bytes", {}), "session.batch_bytes"),
             batches=get("batches", _is_int, _INT, 0),
             samples=get("samples", _is_int, _INT, 0),
             loop=LoopRecord.from_dict(loop, "session.loop") if loop else None,
             events=get("events", _is_int, _INT, 0),
             overhead_ns=get("overhead_ns", _is_number, "a number", 0.0),
+            costs=dict(get("costs", _is_int_values, "an object of whole numbers", {})),
             gpu=get("gpu", _is_dict_or_none, "an object or null", None),
             host=get("host", _is_dict_or_none, "an object or null", None),
             notes=list(get("notes", _is_strings, "a list of strings", [])),
@@ -407,6 +503,10 @@ def _is_number(v: Any) -> bool:
 
 def _is_dict(v: Any) -> bool:
     return isinstance(v, dict)
+
+
+def _is_int_values(v: Any) -> bool:
+    return isinstance(v, dict) and all(_is_int(x) for x in v.values())
 
 
 def _is_dict_or_none(v: Any) -> bool:

@@ -138,7 +138,7 @@ class Stat:
     @classmethod
     def of_many(cls, durations_ns: list[int], items: list[int] | None = None) -> Stat:
         """A Stat of many observations at once (vectorised with NumPy when it is installed)."""
-        if not durations_ns:
+        if not len(durations_ns):
             return cls()
         np = _numpy() if len(durations_ns) > 512 else None  # NumPy's fixed cost per call
         if np is None:

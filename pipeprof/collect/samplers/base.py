@@ -75,6 +75,7 @@ class Sampler:
         self.lateness = Lateness()
         self.errors = 0  # samples that raised and were skipped
         self.primed_ns: int | None = None
+        self.cpu_ns = 0  # the sampler thread's own CPU time so far: pipeprof's cost
 
     # ---- source hooks (subclasses) ------------------------------------------------------
 
@@ -130,16 +131,19 @@ class Sampler:
     # ---- the thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        cpu0 = time.thread_time_ns()
         try:
             if not self.prime():
                 return
             deadline = (self.primed_ns or 0) + self.period_ns
             while not self._stop_event.wait(max(0.0, (deadline - self._clock()) / 1e9)):
                 deadline = self.tick(deadline)
+                self.cpu_ns = time.thread_time_ns() - cpu0
         except Exception:  # the thread must never raise into the user's program
             self.errors += 1
         finally:
             self.close()
+            self.cpu_ns = time.thread_time_ns() - cpu0
 
     def _refusal(self) -> str | None:
         """Why this sampler must not run here (None: it may)."""

@@ -9,7 +9,19 @@ worker for every batch: it drains the worker's recorder and returns ``Carrier(ba
 The carrier travels through the loader's own result queue, is pinned by the pin-memory thread
 (which calls ``Carrier.pin_memory``, where pin time is measured) and is unwrapped by the iterator
 before the user sees the batch. There is no second channel, nothing to deadlock, and every record
-belongs exactly to the batch it came with.
+belongs exactly to the batch it came with. The records travel packed as bytes and are folded into
+the session later, off the loop's path (NOTE [ Deferred aggregation ] in core/session.py): inside
+``next()`` the main process pays an unpickled copy, a queue append and a few sums per batch, and
+measures that (``costs["main_ns"]``), so its own time is never counted as the user's wait.
+
+NOTE [ Wait, split ]
+A worker stamps the moment its batch is ready (``end_ns``, right after ``collate_fn``;
+``perf_counter_ns`` is CLOCK_MONOTONIC, one time base for every process). The loop asked at
+``t0`` and got the batch at ``t1``. Its wait ``t1 - t0`` splits into *starved*, ``ready - t0``
+when positive (the pipeline had not finished the batch: too slow), and *hand-over*, the rest
+(moving a finished batch: the result queue, unpickling, shared memory, the pin-memory thread).
+With ``num_workers=0`` the batch is made inside ``next()``, so the wait is starved. The first
+batches of an epoch, until every worker has delivered one, are start-up and kept apart.
 """
 
 from __future__ import annotations
@@ -26,12 +38,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from pipeprof.collect.torch.dataset import instrument_dataset
-from pipeprof.core.batch import batch_size, samples_to_collate
+from pipeprof.core.batch import batch_nbytes, batch_size, samples_to_collate
 from pipeprof.core.recorder import clock, recorder, timed_call
 from pipeprof.core.session import Session
 
 # Named like torch.profiler's own span so that traces line up.
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
+BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 
 
 class Carrier:
@@ -164,13 +177,15 @@ class Collate:
         if not rec.enabled:
             return self.fn(samples)
         batch = timed_call("collate", self.fn, samples)
+        done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
         payload = rec.drain()
-        payload["end_ns"] = clock()
+        payload["end_ns"] = done
+        payload["samples"] = 1 if self.per_sample else samples_to_collate(samples)
         if _CPU_MARK[0]:  # in a worker: all its CPU time is the pipeline's (idle costs none)
             cpu = time.process_time_ns()
             payload["cpu_ns"] = cpu - _CPU_MARK[0]
             _CPU_MARK[0] = cpu
-        payload["samples"] = 1 if self.per_sample else samples_to_collate(samples)
+        payload["cost_ns"] = clock() - done  # packing the records: pipeprof's own
         return Carrier(batch, payload)
 
 
@@ -280,6 +295,8 @@ class ProfiledLoader:
         else:
             self.loader, notes = build_loader(loader)
         self.passes = 0
+        self.own_ns = 0  # pipeprof's own time on this thread, inside next() (not the user's)
+        self.last_starved = 0  # the last batch's wait until it was ready (NOTE [ Wait, split ])
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self.session = session
         session.notes.extend(notes)
@@ -328,9 +345,15 @@ class ProfiledLoader:
                     t1 = clock()
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
                     first = False
+                    copy_ns = 0
                     if self.h2d is not None:
+                        t2 = clock()
                         batch = self.h2d.move(batch, self.non_blocking, rec)
+                        copy_ns = clock() - t2
                     self._merge_main(rec)
+                    own = clock() - t1 - copy_ns  # pipeprof's bookkeeping for this batch
+                    self.own_ns += own
+                    self.session.add_cost("main_ns", own)
                 finally:
                     rec.leave(before)
                 yield batch
@@ -348,7 +371,8 @@ class ProfiledLoader:
             self.session.merge(rec.drain(rec.raw))
 
     def flush(self) -> None:
-        """Bring in what the main process recorded (transfers, the user's own stages)."""
+        """Bring in what the main process recorded (transfers, the user's own stages) and fold
+        the queued records into the session (NOTE [ Deferred aggregation ] in core/session.py)."""
         rec = recorder()
         if self.h2d is not None:
             before = rec.enter(self._sinks[0])
@@ -357,24 +381,32 @@ class ProfiledLoader:
             finally:
                 rec.leave(before)
         self._merge_main(rec)
+        self.session.settle()
 
     def _unpack(self, carrier: Any, t0: int, t1: int, t_iter: int | None, span: str) -> Any:
         s = self.session
         if not isinstance(carrier, Carrier):  # the user's own loader (see ``own_iteration``)
             s.add_batch(t0, t1, batch_size(carrier), t_iter, span)
+            self.last_starved = t1 - t0  # not known: all of it, as the verdict read it before
             return carrier
         payload = carrier.payload
         s.merge(payload)
-        track = payload["track"]
-        w = s.worker(track, payload["pid"])
-        busy = payload["end_ns"] - (payload["first_ns"] or payload["end_ns"])
+        w = s.worker(payload["track"], payload["pid"])
+        ready = payload["end_ns"]
+        busy = ready - (payload["first_ns"] or ready)
         w.busy_ns += busy
         w.cpu_ns += payload.get("cpu_ns", 0)
         w.batches += 1
         w.samples += payload["samples"]
+        s.add_cost("pack_ns", payload["cost_ns"])
         if carrier.pin_ns:
             s.add("main", "transfer/pin", carrier.pin_ns)
-        s.add_batch(t0, t1, payload["samples"], t_iter, span, track, busy)
+        # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
+        starved = min(max(0, ready - t0), t1 - t0)
+        self.last_starved = starved
+        s.add_batch(t0, t1, payload["samples"], t_iter, span, payload["track"], busy, starved)
+        if not s.batches % BYTES_EVERY or s.batches == 1:
+            s.batch_bytes.add(batch_nbytes(carrier.batch))
         return carrier.batch
 
 
