@@ -13,7 +13,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeprof.core.recorder import clock, recorder, timed_call
+from pipeprof.core.recorder import clock, recorder, stage_call1, timed_call, timed_call1
 
 # A dataset reaches its transforms through these attributes (torchvision's VisionDataset
 # convention); ``loader`` is DatasetFolder's path -> sample function.
@@ -53,6 +53,8 @@ class Timed:
         return (Timed, (self.fn, self.path))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs:
+            return timed_call1(self.path, self.fn, args[0])
         return timed_call(self.path, self.fn, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -90,7 +92,7 @@ class TimedChain:
         if len(args) == 1:
             x = args[0]
             for path, fn in self.steps:
-                x = timed_call(path, fn, x)
+                x = timed_call1(path, fn, x)
             return x
         inputs: Any = args  # v2: each step takes the previous step's outputs unpacked
         for path, fn in self.steps:
@@ -155,21 +157,22 @@ class SplitLoader:
     def __call__(self, path: str) -> Any:
         from PIL import Image
 
-        rec = recorder()
-        if not rec.enabled:
+        if not recorder().enabled:
             with open(path, "rb") as f:
                 return Image.open(f).convert("RGB")
-        frame = rec.open(rec.child_path("read"))
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        finally:
-            rec.close(frame)
-        frame = rec.open(rec.child_path("decode"))
-        try:
-            return Image.open(io.BytesIO(data)).convert("RGB")
-        finally:
-            rec.close(frame)
+        data = stage_call1("read", _read, path)
+        return stage_call1("decode", _decode, data)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _decode(data: bytes) -> Any:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 class TimedLoader:
@@ -180,14 +183,7 @@ class TimedLoader:
         self.name = name_of(fn)
 
     def __call__(self, path: str) -> Any:
-        rec = recorder()
-        if not rec.enabled:
-            return self.fn(path)
-        frame = rec.open(rec.child_path(self.name))
-        try:
-            return self.fn(path)
-        finally:
-            rec.close(frame)
+        return stage_call1(self.name, self.fn, path)
 
 
 def _wrap_loader(fn: Any) -> Any:

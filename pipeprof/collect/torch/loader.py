@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.core.batch import batch_nbytes, batch_size, samples_to_collate
-from pipeprof.core.recorder import clock, recorder, timed_call
+from pipeprof.core.recorder import clock, recorder, timed_call1
 from pipeprof.core.session import Session
 
 # Named like torch.profiler's own span so that traces line up.
@@ -117,14 +117,9 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
     """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted)."""
 
     def __getitem__(self, index: Any) -> Any:
-        rec = recorder()
-        if not rec.enabled:
+        if not recorder().enabled:
             return self._inner[index]
-        frame = rec.open("load")
-        try:
-            return self._inner[index]
-        finally:
-            rec.close(frame, 1, detach=True)
+        return timed_call1("load", self._inner.__getitem__, index)
 
 
 class MapDatasetItems(MapDataset):
@@ -176,7 +171,7 @@ class Collate:
         rec = recorder()
         if not rec.enabled:
             return self.fn(samples)
-        batch = timed_call("collate", self.fn, samples)
+        batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
         payload = rec.drain()
         payload["end_ns"] = done
