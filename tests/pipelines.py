@@ -248,3 +248,17 @@ class TickDataset(CostDataset):
                 pass
         log(self.tick_log, "ticks", time.perf_counter_ns() - t0)
         return super().__getitem__(i)
+
+
+class BigSamples(Dataset):
+    """Samples ready at once (no cost) but large: ``kb`` KiB of float32 each, so a batch is all
+    hand-over (shared memory, unpickling in the training process) and no stage."""
+
+    def __init__(self, n: int, kb: int = 512) -> None:
+        self.n, self.numel = n, kb * 256
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((self.numel,), float(i))

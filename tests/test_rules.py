@@ -21,6 +21,7 @@ import pytest
 import torch
 from pipelines import (
     AddNoise,
+    BigSamples,
     Cost,
     CostCollate,
     CostDataset,
@@ -198,16 +199,43 @@ def test_workers_needed_and_the_loop_what_ifs():
     f = findings(report)["workers-needed"]
     ev = f["evidence"]
     assert (f["severity"], f["stage"]) == ("critical", "load")
-    assert ev["compute_samples_per_s"] == loop_rate and ev["num_workers"] == 1
+    assert ev["num_workers"] == 1
     per_worker = ev["samples_per_s_per_worker"]
     assert 1000 / 4.0 * 0.8 <= per_worker <= 1000 / 4.0  # 4 ms of sleep plus the worker's overhead
-    assert ev["workers_needed"] == math.ceil(loop_rate / per_worker)
-    assert ev["workers_needed"] >= math.ceil(compute_rate * 0.85 / 250)  # about 4 from the truth
+    # the loop's floor: compute plus the hand-over of a ready batch, so a little under compute
+    floor = ev["loop_floor_samples_per_s"]
+    assert loop_rate * 0.6 <= floor <= loop_rate * 1.001
+    assert ev["handover_ms_per_step"] >= 0 and ev["compute_ms_per_step"] > 0
+    assert ev["workers_needed"] >= math.ceil(floor * 0.9 / per_worker)  # about 4 from the truth
+    assert ev["predicted_samples_per_s"] <= floor + 0.1
     rows = what_if(report)
-    assert rows["data-free"]["samples_per_s"] == pytest.approx(loop_rate, abs=0.1)
-    k = rows["workers-for-compute"]["workers"]
-    assert k is not None and ev["workers_needed"] - 1 <= k <= ev["workers_needed"] + 1
-    assert rows["workers-for-compute"]["samples_per_s"] == pytest.approx(loop_rate, abs=0.1)
+    assert rows["data-free"]["samples_per_s"] == pytest.approx(floor, abs=0.1)
+    assert rows["workers-for-compute"]["workers"] == ev["workers_needed"]
+
+
+@pytest.mark.timing
+def test_following_workers_needed_delivers_what_it_promised():
+    """Storage-bound reads (6 ms per sample, one worker) and a 10 ms GPU-like step: the finding's
+    num_workers, applied to the plain loop, runs at >= 90 % of the rate it promised, hand-over
+    included (docs/findings.md, workers-needed)."""
+    dataset = CostDataset(480, load_ms=6.0)
+    loader = DataLoader(dataset, batch_size=8, num_workers=1)
+    report, _ = run_loop(loader, [("Forward", 10.0)], warm=1)
+    f = findings(report)["workers-needed"]
+    need, promised = f["evidence"]["workers_needed"], f["evidence"]["predicted_samples_per_s"]
+    assert f["fix"] == f"DataLoader(num_workers={need})"
+    fixed = DataLoader(dataset, batch_size=8, num_workers=need)
+    rates = []
+    for _ in range(2):  # the better of two epochs: a neighbour's burst only ever slows one
+        arrivals, samples = [], 0
+        for x, _ in fixed:
+            arrivals.append(clock())
+            samples += len(x)
+            time.sleep(0.010)
+        arrivals.append(clock())
+        steady = arrivals[need:]  # after every worker's first batch, as pipeprof counts
+        rates.append(8 * (len(steady) - 1) / ((steady[-1] - steady[0]) / 1e9))
+    assert max(rates) >= 0.9 * promised, (rates, promised, f["evidence"])
 
 
 @pytest.mark.timing
@@ -420,3 +448,41 @@ def test_no_profiler_overhead_for_a_few_stages_around_real_work(tmp_path):
     assert report["overhead"]["events"] >= 40 * 3
     assert report["overhead"]["estimated_fraction"] < 0.02
     assert "profiler-overhead" not in findings(report)
+
+
+# ---- the wait, split: starved vs hand-over (NOTE [ Wait, split ]) -----------------------------
+
+
+@pytest.mark.timing
+def test_a_starved_loader_waits_for_its_stage_not_the_hand_over():
+    """One worker, 4 samples of 5 ms per batch: the loader asks long before a batch is ready."""
+    report = pipeprof.profile(DataLoader(CostDataset(48, load_ms=5.0), batch_size=4,
+                                         num_workers=1)).to_dict()  # fmt: skip
+    wait = report["wait"]
+    assert wait["split_known"] and wait["batches"] == 11
+    assert 20 * 0.7 <= wait["starved_ms_per_batch"] <= 20 * 1.3  # 4 × 5 ms, less the overlap
+    assert wait["handover_ms_per_batch"] < 0.25 * wait["starved_ms_per_batch"]
+    assert wait["starved_s"] + wait["handover_s"] == pytest.approx(wait["total_s"], abs=1e-6)
+    assert "handover" not in findings(report)
+
+
+@pytest.mark.timing
+def test_ready_batches_wait_in_the_hand_over_and_the_verdict_names_no_stage():
+    """Samples cost nothing but weigh 512 KiB (8 MiB a batch): two workers have every batch
+    ready long before a 30 ms step asks, so the wait is the hand-over, and no stage limits."""
+    loader = DataLoader(BigSamples(16 * 12), batch_size=16, num_workers=2)
+    report, true = run_loop(loader, [("Forward", 30.0)], warm=2)
+    steady = report["loop"]["steady"]
+    assert report["loop"]["wait_split_known"]
+    assert steady["handover_s"] > 4 * steady["starved_s"]
+    assert steady["handover_s"] + steady["starved_s"] == pytest.approx(steady["wait_s"], abs=1e-6)
+    assert report["wait"]["batch_mb"] == pytest.approx(16 * 512 * 1024 / 1e6, rel=1e-6)
+    verdict = report["verdict"]
+    if verdict["kind"] == "input-bound":  # the hand-over alone may pass 5 % of the step
+        assert verdict["cause"] == "hand-over" and verdict["stage"] is None
+        assert "workers-needed" not in findings(report)
+        f = findings(report)["handover"]
+        assert f["evidence"]["batch_mb"] == report["wait"]["batch_mb"]
+        assert "uint8" in f["fix"]
+    else:
+        assert verdict["kind"] == "compute-bound"

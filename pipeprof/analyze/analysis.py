@@ -43,6 +43,7 @@ def _analyze(session: Session) -> dict[str, Any]:
         else None,
         "steady": steady,
         "latency": _latency(session.wait),
+        "wait": wait_section(session),
         "stages": stages,
         "loop": loop_section(session, session.samples / max(session.batches, 1)),
         "workers": workers,
@@ -83,6 +84,29 @@ def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[
     found = [f for rule in RULES if (f := rule(report, facts)) is not None]
     found.sort(key=lambda f: SEVERITY_ORDER.get(f["severity"], 3))
     return verdict, found, what_if(report, facts)
+
+
+def wait_section(session: Session) -> dict[str, Any]:
+    """The consumer's wait per batch after the first, split (NOTE [ Wait, split ] in
+    collect/torch/loader.py): *starved* while the batch was not ready, *hand-over* while a ready
+    batch moved to the training process; and the batch's size in bytes."""
+    n = session.wait.count
+    starved = session.starved.total_ns if session.starved.count else session.wait.total_ns
+    handover = session.handover.total_ns if session.starved.count else 0
+    size = session.batch_bytes
+    return {
+        "batches": n,
+        "total_s": round(session.wait.total_ns / 1e9, 9),
+        "starved_s": round(starved / 1e9, 9),
+        "handover_s": round(handover / 1e9, 9),
+        "starved_ms_per_batch": round(starved / n / 1e6, 6) if n else None,
+        "handover_ms_per_batch": round(handover / n / 1e6, 6) if n else None,
+        "startup_s": round(session.first_batch_ns / 1e9, 9)
+        if session.first_batch_ns is not None
+        else None,
+        "split_known": bool(session.meta.get("wait_split")),
+        "batch_mb": round(size.total_ns / size.count / 1e6, 6) if size.count else None,
+    }
 
 
 def _latency(wait: Stat) -> dict[str, Any]:

@@ -81,6 +81,7 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
             "startup_s": round(loop.startup_ns / 1e9, 9) if loop.startup_ns is not None else None,
             "steady": {"steps": n_steady, **_fractions(p_steady, steady)},
             "startup_wait_s": round(p_first["wait_s"], 9),
+            "wait_split_known": bool(session.meta.get("wait_split")),
             "view": "steady" if steady_enough(n_steady, p_steady) else "all",
             "step_ms": figures(steady["step"] if n_steady else first["step"]),
             "wait_ms": figures(steady["wait"]),
@@ -111,6 +112,24 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
 
 
 STEADY_MIN_STEPS = 3
+
+
+def loop_floor(loop: dict[str, Any], samples_per_step: float) -> dict[str, float] | None:
+    """What the loop's steps cost when its data is never late, per step in ms: compute,
+    transfer, other regions and the hand-over of a ready batch (which more workers do not
+    remove), and the rate in samples/s that this allows: the most any data pipeline can give.
+    Read from the view the verdict reads (``loop["view"]``)."""
+    view = (loop.get("steady") or {}) if loop.get("view") == "steady" else loop
+    steps = view.get("steps") or loop.get("steps") or 0
+    if not steps or not samples_per_step:
+        return None
+    parts = {k: (view.get(f"{k}_s") or 0.0) * 1e3 / steps
+             for k in ("compute", "transfer", "overhead", "handover")}  # fmt: skip
+    total = sum(parts.values())
+    if total <= 0:
+        return None
+    return {**{f"{k}_ms": round(v, 6) for k, v in parts.items()},
+            "step_ms": round(total, 6), "samples_per_s": samples_per_step * 1e3 / total}  # fmt: skip
 
 
 def steady_enough(steps: int, parts: dict[str, float]) -> bool:

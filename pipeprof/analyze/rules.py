@@ -11,8 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeprof.analyze.finding import Finding, finding
+from pipeprof.analyze.loop import loop_floor
+from pipeprof.analyze.scenarios import from_report
 from pipeprof.analyze.tf_rules import TF_RULES
 from pipeprof.analyze.verdict import MODERATE_WAIT, loop_view
+from pipeprof.analyze.whatif import throughput, workers_for
 from pipeprof.core.regions import region_class
 
 Rule = Callable[[dict[str, Any], dict[str, Any]], "Finding | None"]
@@ -192,28 +195,45 @@ def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
 
 
 def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """An input-bound (starved) loop: the workers that keep up with its steps, and the rate it
+    will then run at: its steps when data is never late (compute, transfer, other regions and
+    the hand-over no worker count removes; ``loop_floor``), or what those workers give."""
     loop = report.get("loop")
     rate, n, cores = facts["rate"], facts["n_workers"], facts["cores"]
-    if not loop or rate is None or report["verdict"]["kind"] != "input-bound":
+    verdict = report["verdict"]
+    if not loop or rate is None or verdict["kind"] != "input-bound":
         return None
-    compute_rate = (loop.get("throughput") or {}).get("compute_samples_per_s")
-    if not compute_rate:
+    if verdict.get("cause") == "hand-over":  # more workers do not help: see rule_handover
         return None
-    need = max(1, math.ceil(compute_rate / rate))
+    model = from_report(report, int(cores))
+    floor = loop_floor(loop, model.batch_size) if model is not None else None
+    if floor is None or model is None:
+        return None
+    target = floor["samples_per_s"]
+    need = workers_for(model, target)
+    need = need if need is not None else max(1, math.ceil(target / rate))
     if need <= n:
         return None
+    will = min(target, throughput(model, need))
+    now = (loop.get("throughput") or {}).get("effective_samples_per_s")
     evidence = {
-        "compute_samples_per_s": compute_rate,
-        "samples_per_s_per_worker": round(rate, 1),
         "workers_needed": need,
+        "predicted_samples_per_s": round(will, 1),
+        "samples_per_s_now": now,
+        "loop_floor_samples_per_s": round(target, 1),
+        "compute_ms_per_step": floor["compute_ms"],
+        "handover_ms_per_step": floor["handover_ms"],
+        "samples_per_s_per_worker": round(rate, 1),
         "num_workers": n,
         "cores": cores,
     }
     msg = (
-        f"{need} workers would feed the measured {compute_rate:.0f} samples/s of compute "
-        f"({rate:.0f} samples/s per worker); you have {n}"
+        f"with {need} workers the loop would run at about {will:.0f} samples/s "
+        f"(now {now or 0:.0f} with {n}): its steps take {floor['step_ms']:.3g} ms when data is "
+        f"ready ({floor['compute_ms']:.3g} ms compute, {floor['handover_ms']:.2g} ms hand-over); "
+        f"each worker gives {rate:.0f} samples/s"
     )
-    if need <= cores - 1:
+    if need <= cores - 1 or _waiting_bound(report):
         fix = f"DataLoader(num_workers={need})"
     else:
         fix = (
@@ -221,6 +241,74 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
             f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU"
         )
     return finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
+
+
+def _waiting_bound(report: dict[str, Any]) -> bool:
+    """The workers mostly wait (storage, network, sleep): more of them than cores still help."""
+    workers = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
+    return bool(workers) and sum(w["cpu_s"] for w in workers) < 0.5 * sum(
+        w["busy_s"] for w in workers
+    )
+
+
+HANDOVER_LOADER_SHARE = 0.2  # of the time between batches, for a loader profiled alone
+BIG_BATCH_MB = 1.0
+
+
+def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """Batches that were ready but slow to reach the training process (NOTE [ Wait, split ]
+    in collect/torch/loader.py): the queue, unpickling, shared memory, the pin-memory thread.
+    More workers do not shorten it; fewer bytes per batch and fewer, larger batches do."""
+    loop, wait = report.get("loop"), report.get("wait") or {}
+    if loop:
+        view = loop_view(loop)
+        frac = view.get("handover_fraction") or 0.0
+        if not loop.get("wait_split_known") or frac < MODERATE_WAIT:
+            return None
+        ms = (view.get("handover_s") or 0.0) * 1e3 / max(1, view.get("steps") or 1)
+        share = f"{frac:.0%} of step time"
+    else:
+        per_s = (report.get("steady") or {}).get("batches_per_s")
+        ms = wait.get("handover_ms_per_batch") or 0.0
+        frac = ms * per_s / 1e3 if per_s else 0.0
+        if not wait.get("split_known") or frac < HANDOVER_LOADER_SHARE:
+            return None
+        share = f"{frac:.0%} of the time between batches"
+    mb = wait.get("batch_mb")
+    pinned = bool((report.get("meta") or {}).get("pin_memory"))
+    fixes = []
+    if mb and mb >= BIG_BATCH_MB:
+        fixes.append(
+            f"send fewer bytes ({mb:.3g} MB per batch): keep images uint8 in the workers (4× "
+            "fewer bytes than float32) and convert and normalise on the device "
+            "(x.to(device).float().div_(255), then normalise)"
+        )
+    fixes.append("larger batches pay the fixed part of each hand-over for more samples")
+    if pinned:
+        fixes.append(
+            "pin_memory=True runs a pinning thread that competes with the loop for the CPU: "
+            "measure with pin_memory=False"
+        )
+    fixes.append(
+        "with many tensors per batch, torch.multiprocessing.set_sharing_strategy('file_system') "
+        "saves a file descriptor per tensor"
+    )
+    return finding(
+        "handover",
+        "warning",
+        None,
+        f"batches were ready but took {ms:.2g} ms each to reach the training process ({share}"
+        + (f", {mb:.3g} MB per batch)" if mb else ")"),
+        {
+            "handover_ms_per_batch": round(ms, 4),
+            "handover_fraction": round(frac, 4),
+            "batch_mb": mb,
+            "pin_memory": pinned,
+            "num_workers": facts["n_workers"],
+        },
+        "; ".join(fixes) + f". At most the whole hand-over, {ms:.2g} ms per batch, is to gain; "
+        "more workers do not shorten it",
+    )
 
 
 def rule_transfer(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
@@ -283,6 +371,7 @@ def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Find
 
 RULES: list[Rule] = [
     rule_workers_needed,
+    rule_handover,
     rule_transfer,
     rule_threads,
     rule_overhead_regions,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeprof.analyze.loop import loop_floor
 from pipeprof.analyze.whatif import (
     Model,
     StageCost,
@@ -42,7 +43,10 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
         return None
     collate = report["stages"].get("collate", {}).get("total_s", 0.0) * 1e3 / batches
     size = max(1, round(samples / batches))
-    return Model(tuple(stages), size, float(cores), 0.0, collate, collate)
+    # the main process receives one batch at a time: the measured hand-over per batch is the
+    # floor of its time between batches, whatever the worker count
+    main = (report.get("wait") or {}).get("handover_ms_per_batch") or 0.0
+    return Model(tuple(stages), size, float(cores), 0.0, collate, collate, main_ms=main)
 
 
 def _worker_cpu_share(report: dict[str, Any]) -> float | None:
@@ -82,12 +86,14 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
     top, top_k = ceiling(model)
     out.append({"kind": "ceiling", "workers": top_k, "samples_per_s": _round(top),
                 "basis": f"the most any worker count gives on {cores} cores"})  # fmt: skip
-    compute = ((report.get("loop") or {}).get("throughput") or {}).get("compute_samples_per_s")
-    if compute:
-        out.append({"kind": "data-free", "samples_per_s": round(compute, 1),
-                    "basis": "measured compute rate: the ceiling if data were free"})  # fmt: skip
-        out.append({"kind": "workers-for-compute", "workers": workers_for(model, compute),
-                    "samples_per_s": round(compute, 1), "basis": basis})  # fmt: skip
+    floor = loop_floor(report.get("loop") or {}, model.batch_size)
+    if floor:
+        rate = floor["samples_per_s"]
+        out.append({"kind": "data-free", "samples_per_s": round(rate, 1),
+                    "basis": "measured compute, transfer, other regions and hand-over per step: "
+                    "the loop's rate if batches were always ready"})  # fmt: skip
+        out.append({"kind": "workers-for-compute", "workers": workers_for(model, rate),
+                    "samples_per_s": round(rate, 1), "basis": basis})  # fmt: skip
     stage = facts.get("limiting")
     if stage in {s.path for s in model.stages}:
         k = max(1, n)

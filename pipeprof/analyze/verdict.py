@@ -41,17 +41,38 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
         "transfer": "copied batches to the device",
         "overhead": "ran non-compute regions (logging, callbacks)",
     }[part]
+    handover = part == "wait" and handover_led(report["loop"], view)
     stage = (
-        facts["limiting"] if part == "wait" else ("transfer/h2d" if part == "transfer" else None)
+        (None if handover else facts["limiting"])
+        if part == "wait"
+        else ("transfer/h2d" if part == "transfer" else None)
     )
-    return {
+    headline = f"{kind}: {who} {what} {frac:.0%} of the time"
+    if handover:
+        per_step = (view.get("handover_s") or 0.0) * 1e3 / max(1, view.get("steps") or 1)
+        headline += (
+            f", but the batches were ready: the wait is their hand-over to the training "
+            f"process ({per_step:.2g} ms per step), not a slow stage"
+        )
+    elif stage and part == "wait":
+        headline += f"; {stage} limits the pipeline"
+    out = {
         "kind": kind,
         "severity": "high" if frac >= HIGH_WAIT else "moderate",
         "stage": stage,
         "fraction": round(frac, 4),
-        "headline": f"{kind}: {who} {what} {frac:.0%} of the time"
-        + (f"; {stage} limits the pipeline" if stage and part == "wait" else ""),
+        "headline": headline,
     }
+    if part == "wait":
+        out["cause"] = "hand-over" if handover else "starved"
+    return out
+
+
+def handover_led(loop: dict[str, Any], view: dict[str, Any]) -> bool:
+    """The loop's wait is mostly hand-over: its batches were ready when it asked (NOTE [ Wait,
+    split ] in collect/torch/loader.py). Only a loop that was starved has a limiting stage."""
+    wait, handover = view.get("wait_s") or 0.0, view.get("handover_s") or 0.0
+    return bool(loop.get("wait_split_known")) and wait > 0 and handover > 0.5 * wait
 
 
 def empty_verdict(report: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +98,12 @@ def loader_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, A
     if path:
         share = report["stages"][path]["total_s"] / (facts["pipeline_s"] or 1)
         headline += f"; {path} limits it ({share:.0%} of pipeline time)"
+    wait = report.get("wait") or {}
+    if wait.get("split_known") and (wait.get("handover_s") or 0) > (wait.get("starved_s") or 0):
+        headline += (
+            f"; a ready batch takes {wait['handover_ms_per_batch']:.2g} ms to reach this "
+            "process (hand-over)"
+        )
     return {
         "kind": "balanced",
         "severity": "info",

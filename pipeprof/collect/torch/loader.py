@@ -299,6 +299,8 @@ class ProfiledLoader:
         self.h2d = H2DTimer(self.device) if self.device is not None else None
         self.non_blocking = bool(loader.pin_memory)
         session.meta.update(describe(loader, self.device))
+        if not self.opaque:  # each batch comes stamped with when it was ready
+            session.meta["wait_split"] = True
 
     def __len__(self) -> int:
         return len(self.loader)
