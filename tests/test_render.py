@@ -199,8 +199,8 @@ def expected_text(d: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for f in d["findings"]:
         phrases += [f["message"], f"fix: {f['fix']}"]
     o = d["overhead"]
-    phrases.append(f"pipeprof overhead: {num(o['per_event_ns'])} ns per timed region")
-    phrases.append(f"{o['events']:,} regions")
+    phrases.append(f"timed regions at {num(o['per_event_ns'])} ns")
+    phrases.append(f"{o['events']:,} timed regions")
     return phrases, rows
 
 

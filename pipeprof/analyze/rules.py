@@ -180,18 +180,26 @@ def rule_pin_memory(report: dict[str, Any], facts: dict[str, Any]) -> Finding | 
     )
 
 
+OWN_COST = 0.02  # pipeprof's own work above this share gets a finding
+
+
 def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
-    frac = (report.get("overhead") or {}).get("estimated_fraction")
-    if frac is None or frac < 0.02:
+    """pipeprof's own work where it could change what it reports: timed regions that add more
+    than 2 % to the stage times, or samplers busier than 2 % of a core (docs/overhead.md)."""
+    o = report.get("overhead") or {}
+    in_stages, cores = o.get("in_stages_fraction") or 0.0, o.get("sampler_cores") or 0.0
+    frac = o.get("estimated_fraction")
+    if in_stages >= OWN_COST:
+        message = f"pipeprof's timed regions add about {in_stages:.1%} to the stage times"
+        fix = "stages are very short: time fewer, coarser stages"
+    elif cores >= OWN_COST:
+        message = f"pipeprof's samplers keep {cores:.1%} of a core busy"
+        fix = "sample less often: pipeprof.Profiler(sample_hz=2), or sample_hz=0 to turn off"
+    else:
         return None
-    return finding(
-        "profiler-overhead",
-        "warning",
-        None,
-        f"pipeprof's own work is about {frac:.1%} of the CPU time the profiled processes used",
-        {"estimated_fraction": frac},
-        "stages are very short: time fewer, coarser stages",
-    )
+    evidence = {"in_stages_fraction": in_stages, "sampler_cores": cores,
+                "estimated_fraction": frac}  # fmt: skip
+    return finding("profiler-overhead", "warning", None, message, evidence, fix)
 
 
 def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:

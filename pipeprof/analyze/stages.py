@@ -181,9 +181,15 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         base_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
         base_s += session.wait.total_ns / 1e9
         basis = "busy"
+    stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
+    wall_s = session.wall_ns / 1e9
     return {
         "per_event_ns": round(session.overhead_ns, 1),
         "events": session.events,
+        # what the timed regions add to the stage times pipeprof reports
+        "in_stages_fraction": round(regions_s / stage_s, 6) if stage_s > 0 else None,
+        # the samplers' threads, in cores
+        "sampler_cores": round(sampler_s / wall_s, 6) if wall_s > 0 else None,
         "regions_s": round(regions_s, 6),
         "main_s": round(main_s, 6),
         "settle_s": round(settle_s, 6),

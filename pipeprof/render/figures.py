@@ -69,6 +69,48 @@ def loop_view(loop: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return loop, f"all {loop.get('steps', 0)} steps"
 
 
+def wait_split(data: dict[str, Any]) -> str | None:
+    """The wait explained in one line: starved (the batch was not ready) vs hand-over (it was,
+    and was being moved to the training process), per step or batch; None when not known."""
+    loop, wait = data.get("loop"), data.get("wait") or {}
+    mb = wait.get("batch_mb")
+    size = f", {_size(mb)} per batch" if mb else ""
+    if loop:
+        if not loop.get("wait_split_known"):
+            return None
+        view, _ = loop_view(loop)
+        steps = max(1, view.get("steps") or loop.get("steps") or 1)
+        starved, handover = view.get("starved_s"), view.get("handover_s")
+        if starved is None or handover is None or not (starved or handover):
+            return None
+        return (
+            f"starved {num(starved * 1e3 / steps)} ms/step (batch not ready), hand-over "
+            f"{num(handover * 1e3 / steps)} ms/step (ready, being moved){size}"
+        )
+    if not wait.get("split_known") or not wait.get("batches"):
+        return None
+    return (
+        f"starved {num(wait.get('starved_ms_per_batch'))} ms/batch (batch not ready), hand-over "
+        f"{num(wait.get('handover_ms_per_batch'))} ms/batch (ready, being moved){size}"
+    )
+
+
+def _size(mb: float) -> str:
+    return f"{num(mb)} MB" if mb >= 1 else f"{num(mb * 1e3)} kB"
+
+
+def overhead_line(data: dict[str, Any]) -> str:
+    """pipeprof's own cost as the report states it (``overhead``; docs/overhead.md)."""
+    o = data.get("overhead") or {}
+    of = "of the CPU the run used" if o.get("basis") == "cpu" else "of measured time"
+    parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
+    for key, what in (("main_s", "bookkeeping in next()"), ("settle_s", "folding records"),
+                      ("sampler_s", "samplers")):  # fmt: skip
+        if o.get(key):
+            parts.append(f"{what} {num(o[key] * 1e3)} ms")
+    return f"pipeprof's own work ≈ {pct(o.get('estimated_fraction'), 2)} {of} ({', '.join(parts)})"
+
+
 def top_total(stages: dict[str, dict[str, Any]]) -> float:
     """Seconds of all top-level stages together: the pipeline's time."""
     return sum(r["total_s"] for p, r in stages.items() if "/" not in p) or 0.0

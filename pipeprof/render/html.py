@@ -21,7 +21,9 @@ from pipeprof.render.figures import (
     pct,
     top_total,
     util,
+    overhead_line,
     visible,
+    wait_split,
 )
 
 CSS = """
@@ -109,6 +111,8 @@ def gpu_lines(data: dict[str, Any]) -> str:
             f" of {num(d.get('mem_total_mb'))} MB"
         )
     gpu, loop = data.get("gpu"), data.get("loop") or {}
+    if (split := wait_split(data)) is not None:
+        lines.append(f"the wait: {escape(split)}")
     if gpu and not gpu_devices(data):
         lines.append(f"GPU not sampled: {escape(str(gpu.get('note') or 'n/a'))}")
     if loop.get("gpu_util_waiting") is not None:
@@ -205,13 +209,8 @@ def body(data: dict[str, Any]) -> str:
         note = f'<p class="dim">busiest worker {ratio:.2f}× the mean</p>' if ratio else ""
         parts.append(f"<h2>Workers</h2>{charts.worker_bars(data['workers'])}{note}")
     parts.append(f"<h2>Findings</h2>{finding_blocks(data)}{what_if_table(data)}")
-    o = data.get("overhead") or {}
     notes = " ".join(escape(str(n)) for n in data.get("notes") or [])
-    parts.append(
-        f'<p class="dim overhead">pipeprof overhead: {num(o.get("per_event_ns"))} ns per '
-        f"timed region, {o.get('events', 0):,} regions ≈ "
-        f"{pct(o.get('estimated_fraction'), 2)} of measured time. {notes}</p>"
-    )
+    parts.append(f'<p class="dim overhead">{escape(overhead_line(data))}. {notes}</p>')
     return f'<div class="pipeprof">{"".join(parts)}</div>'
 
 

@@ -31,7 +31,9 @@ from pipeprof.render.figures import (
     pct,
     top_total,
     util,
+    overhead_line,
     visible,
+    wait_split,
 )
 
 MAX_WIDTH = 80
@@ -100,6 +102,8 @@ def overview(data: dict[str, Any]) -> RenderableType:
             f"p95 {num(sm.get('p95_ms'))}, p99 {num(sm.get('p99_ms'))}",
         )
         t.add_row("start-up", f"{num(loop.get('startup_s'), ' s')} waiting for the first batch")
+        if (split := wait_split(data)) is not None:
+            t.add_row("the wait", split)
     else:
         t.add_row(
             "batches", f"{data['batches']} ({data['samples']} samples) in {data['wall_s']:.2f} s"
@@ -115,6 +119,8 @@ def overview(data: dict[str, Any]) -> RenderableType:
             f"p50 {num(lat.get('p50_ms'))} ms, p95 {num(lat.get('p95_ms'))}"
             f" ms, p99 {num(lat.get('p99_ms'))} ms",
         )
+        if (split := wait_split(data)) is not None:
+            t.add_row("the wait", split)
     meta = data.get("meta") or {}
     if "num_workers" in meta:
         t.add_row(
@@ -287,12 +293,7 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
 
 
 def footer(data: dict[str, Any]) -> RenderableType:
-    o = data.get("overhead") or {}
-    lines = [
-        f"pipeprof overhead: {num(o.get('per_event_ns'))} ns per timed region, "
-        f"{o.get('events', 0):,} regions ≈ {pct(o.get('estimated_fraction'), 2)} of measured "
-        "time"
-    ]
+    lines = [overhead_line(data)]
     lines += [f"note: {n}" for n in data.get("notes") or []]
     return Text("\n".join(lines), style="dim")
 
