@@ -118,8 +118,14 @@ def storage_round(samples: int, step_s: float) -> dict[str, Any]:
     steady = arrivals[need:]
     rate = 8 * (len(steady) - 1) / ((steady[-1] - steady[0]) / 1e9)
     compute_only = 8e3 / f["evidence"]["compute_ms_per_step"]  # a promise without the floors
-    return {"workers": need, "promised": promised, "measured": rate, "ratio": rate / promised,
-            "compute_only_promise": compute_only, "ratio_to_compute_only": rate / compute_only}
+    return {
+        "workers": need,
+        "promised": promised,
+        "measured": rate,
+        "ratio": rate / promised,
+        "compute_only_promise": compute_only,
+        "ratio_to_compute_only": rate / compute_only,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
