@@ -473,7 +473,7 @@ def test_ready_batches_wait_in_the_hand_over_and_the_verdict_names_no_stage():
     """Samples cost nothing but weigh 512 KiB (8 MiB a batch): two workers have every batch
     ready long before a 30 ms step asks, so the wait is the hand-over, and no stage limits."""
     loader = DataLoader(BigSamples(16 * 12), batch_size=16, num_workers=2)
-    report, true = run_loop(loader, [("Forward", 30.0)], warm=2)
+    report, _ = run_loop(loader, [("Forward", 30.0)], warm=2)
     steady = report["loop"]["steady"]
     assert report["loop"]["wait_split_known"]
     assert steady["handover_s"] > 4 * steady["starved_s"]

@@ -128,8 +128,8 @@ def loop_floor(loop: dict[str, Any], samples_per_step: float) -> dict[str, float
     total = sum(parts.values())
     if total <= 0:
         return None
-    return {**{f"{k}_ms": round(v, 6) for k, v in parts.items()},
-            "step_ms": round(total, 6), "samples_per_s": samples_per_step * 1e3 / total}  # fmt: skip
+    out = {f"{k}_ms": round(v, 6) for k, v in parts.items()}
+    return {**out, "step_ms": round(total, 6), "samples_per_s": samples_per_step * 1e3 / total}
 
 
 def steady_enough(steps: int, parts: dict[str, float]) -> bool:

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import os
 import threading
-from array import array
 import time
+from array import array
 from typing import Any
 
 from pipeprof.core.stats import Stat
 
 clock = time.perf_counter_ns
+
 
 class _Stack(list):  # type: ignore[type-arg]
     """One thread's open frames ``[path, detached ns, start, stack, sink]``, and where that

@@ -28,10 +28,10 @@ from pipeprof.render.figures import (
     headline,
     loop_view,
     num,
+    overhead_line,
     pct,
     top_total,
     util,
-    overhead_line,
     visible,
     wait_split,
 )
