@@ -4,7 +4,7 @@ Measures, in the current process:
 
   (a) ``Recorder.open`` + ``Recorder.close``: the primitive behind every stage;
   (b) ``pipeprof.core.recorder.timed_call1`` around a no-op, minus calling the no-op directly
-      (what a transform, ``collate`` or a ``Timed`` wrapper pays), also disabled (no profile active);
+      (what a transform, ``collate`` or a ``Timed`` wrapper pays), also with no profile active;
   (c) ``with pipeprof.stage(name):`` around nothing, enabled and disabled;
   (d) ``Recorder.drain`` (the aggregation into ``Stat``s a worker runs once per batch), amortised
       per event, for a batch-shaped drain and for one bulk drain; plus what the main process does
