@@ -27,6 +27,7 @@ from pipeprof.collect.samplers import (
     mean_over_spans,
     query,
 )
+from pipeprof.collect.samplers import host as host_module
 
 MS = 1_000_000
 
@@ -313,9 +314,18 @@ def _busy(seconds: float, conn: Any = None) -> None:
         conn.send(100 * (time.process_time() - cpu) / (time.perf_counter() - wall))
 
 
-@pytest.fixture
-def host_run() -> Iterator[tuple[HostSampler, int, float]]:
-    """Main busy 0.25 s, then a forked child busy 0.5 s, sampled at 50 Hz."""
+@pytest.fixture(params=["procfs", "psutil"])
+def host_run(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[HostSampler, int, float]]:
+    """Main busy 0.25 s, then a forked child busy 0.5 s, sampled at 50 Hz: from /proc on Linux,
+    and through psutil as on other platforms (its children look-ups unthrottled: psutil's scan
+    takes ~2 ms, which would space them out longer than the child lives)."""
+    if request.param == "procfs" and not host_module._procfs_available():
+        pytest.skip("reads Linux /proc")
+    if request.param == "psutil":
+        monkeypatch.setattr(host_module, "_procfs_available", lambda: False)
+        monkeypatch.setattr(host_module, "DISCOVERY_SHARE", 1e12)
     s = HostSampler(hz=50)
     s.start()
     try:
@@ -354,3 +364,147 @@ def test_host_sampler_measures_main_and_late_child(
     assert d["lateness"]["count"] == len(d["timeline"]["t_ns"]) >= 20
     assert d["errors"] == 0
     json.dumps(d)
+
+
+needs_procfs = pytest.mark.skipif(not host_module._procfs_available(), reason="reads Linux /proc")
+
+
+def _spin_until(stop: Any) -> None:
+    while not stop.is_set():
+        pass
+
+
+def _proc_fds() -> list[str]:
+    """Where this process's open descriptors into /proc point."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/proc/"):
+            out.append(target)
+    return out
+
+
+@needs_procfs
+def test_host_looks_up_children_only_after_a_process_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The costly look-up for children runs only when the last pid handed out has moved (scripted
+    here); known children are read every sample in between, and an exited one is let go."""
+    marker = [1]
+    monkeypatch.setattr(host_module._Procfs, "pid_marker", lambda self: marker[0])
+    monkeypatch.setattr(host_module, "DISCOVERY_SHARE", 1e12)  # no cost budget in the way
+    before = sorted(_proc_fds())
+    s = HostSampler(hz=10)
+    assert s.prime() and s.lookups == 1
+    stop = multiprocessing.get_context("fork").Event()
+    child = multiprocessing.get_context("fork").Process(target=_spin_until, args=(stop,))
+    child.start()
+    try:
+        for _ in range(3):  # no new pid (as far as the sampler can tell): no look-up, not seen
+            time.sleep(0.02)
+            s.sample()
+        assert s.lookups == 1
+        assert [p["pid"] for p in s.to_dict()["per_process"]] == [os.getpid()]
+        marker[0] = 2  # a pid was handed out: the next sample looks and primes the child
+        s.sample()
+        assert s.lookups == 2
+        (entry,) = s.to_dict()["per_process"][1:]
+        assert entry["pid"] == child.pid and entry["role"] == "child"
+        assert entry["cpu_mean"] is None and entry["rss_max_mb"] > 1  # priming: CPU n/a
+        for _ in range(4):  # read every sample, without looking up again
+            time.sleep(0.05)
+            s.sample()
+        assert s.lookups == 2
+        (entry,) = s.to_dict()["per_process"][1:]
+        assert entry["cpu_max"] > 20  # it spins
+        assert all(c > 20 for c in s.to_dict()["timeline"]["children_cpu"][-4:])
+        assert f"/proc/{child.pid}/stat" in _proc_fds()
+    finally:
+        stop.set()
+        child.join(10)
+    s.sample()  # reaped: its reading fails, so it is dropped (and its /proc file closed)
+    assert s.lookups == 2 and s.errors == 0
+    assert s.to_dict()["timeline"]["children_cpu"][-1] == 0
+    assert f"/proc/{child.pid}/stat" not in _proc_fds()
+    s.close()
+    assert sorted(_proc_fds()) == before
+
+
+def test_host_children_there_at_start_are_primed_with_the_main() -> None:
+    """A child running when the sampler primes has a CPU reading from the first sample on."""
+    stop = multiprocessing.get_context("fork").Event()
+    child = multiprocessing.get_context("fork").Process(target=_spin_until, args=(stop,))
+    child.start()
+    try:
+        wait_for(lambda: child.pid in [p.pid for p in psutil.Process().children()])
+        s = HostSampler(hz=10)
+        assert s.prime()
+        time.sleep(0.1)
+        s.sample()
+        (entry,) = s.to_dict()["per_process"][1:]
+        assert entry["pid"] == child.pid and entry["cpu_max"] is not None
+        assert entry["cpu_max"] > 10 and s.to_dict()["timeline"]["children_cpu"][0] > 10
+        s.close()
+    finally:
+        stop.set()
+        child.join(10)
+
+
+def test_host_children_look_ups_keep_to_their_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where nothing tells when a process started (no /proc: every sample may look), look-ups
+    stop once their CPU budget is spent, and go on as it refills."""
+    monkeypatch.setattr(host_module, "_procfs_available", lambda: False)
+    monkeypatch.setattr(host_module, "DISCOVERY_BURST_NS", 0)  # no credit beyond the refill
+    monkeypatch.setattr(host_module, "DISCOVERY_SHARE", 1e-12)  # which is ~nothing
+    s = HostSampler(hz=10)
+    assert s.prime() and s.lookups == 1  # the first look-up is free, and spends the credit
+    for _ in range(3):
+        s.sample()
+    assert s.lookups == 1
+    monkeypatch.setattr(host_module, "DISCOVERY_SHARE", 1e12)  # refilled at once
+    for _ in range(3):
+        s.sample()
+    assert s.lookups == 4 and s.errors == 0
+    s.close()
+
+
+@needs_procfs
+def test_procfs_readings_agree_with_psutil() -> None:
+    """The /proc parsers read what psutil reads: core times, disk reads, a process's CPU and RSS,
+    and children recursively (a grandchild too)."""
+    src = host_module._Procfs(psutil)
+    tree = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
+    try:
+        wait_for(lambda: len(psutil.Process().children(recursive=True)) == 2)
+        expected = sorted(p.pid for p in psutil.Process().children(recursive=True))
+        assert sorted(src.children(os.getpid())) == expected and tree.pid in expected
+        per_core = psutil.cpu_times(percpu=True)
+        cores = src.core_times()
+        assert len(cores) == len(per_core) and src.has_iowait
+        tick = os.sysconf("SC_CLK_TCK")
+        for (busy, total, iowait), times in zip(cores, per_core, strict=True):
+            p_busy, p_total = host_module._busy_total(times)
+            assert busy / tick == pytest.approx(p_busy, abs=0.2)
+            assert total / tick == pytest.approx(p_total, abs=0.5)
+            assert iowait / tick == pytest.approx(times.iowait, abs=0.2)
+        disk = psutil.disk_io_counters()
+        read_bytes = src.disk_read_bytes()
+        if disk is None:
+            assert read_bytes is NA
+        else:
+            assert read_bytes == pytest.approx(disk.read_bytes, rel=0.01)
+        _busy(0.1)
+        me = psutil.Process()
+        _, cpu_s, rss = src.read(me.pid)
+        times = me.cpu_times()
+        assert cpu_s == pytest.approx(times.user + times.system, abs=0.05)
+        assert rss == pytest.approx(me.memory_info().rss, rel=0.05)
+        ident, _, _ = src.read(tree.pid)
+        assert ident == src.read(tree.pid)[0] != src.read(me.pid)[0] or tree.pid == me.pid
+    finally:
+        os.killpg(tree.pid, 9)
+        tree.wait(10)
+        src.close()

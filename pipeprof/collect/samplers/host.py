@@ -1,14 +1,46 @@
-"""Host sampling with psutil: CPU of the main process and its children, cores, RSS, disk, iowait.
+"""Host sampling: CPU of the main process and its children, cores, RSS, disk, iowait.
 
-DataLoader workers are children of the main process, so ``Process().children(recursive=True)`` is
-re-read every sample: workers that start late or are restarted each epoch are picked up, keyed by
-pid. psutil's ``Process.cpu_percent(interval=None)`` measures since the previous call on the same
-object, so Process objects are cached by pid and a process's first reading is n/a (priming), not 0.
+NOTE [ Host sampling cost ]
+At 10 Hz the sampler must stay well under 0.5 % of a core (benchmarks/sampler_cost.py). Where
+its time went: psutil's ``Process.children(recursive=True)`` reads the stat of every process on
+the machine (1-3 ms with ~75 processes), and psutil's per-call overhead (``disk_io_counters`` looks
+up ``/sys/block`` for every line, ``Process`` objects and ``oneshot``) another ~0.4 ms per sample.
+So:
+
+- On Linux the sampler reads ``/proc`` itself, one ``pread`` of a file it keeps open per
+  reading: ``/proc/stat`` (per-core times), ``/proc/diskstats`` (sectors read by whole disks, as
+  psutil counts them) and ``/proc/<pid>/stat`` of each known process (utime + stime, RSS, start
+  time). Elsewhere, or if ``/proc`` cannot be read, psutil gives the same readings.
+- Children (DataLoader workers, recursively: forkserver's too) are not looked up every sample,
+  only when one may have been created and as often as the look-up's own cost allows:
+  * on Linux, when the last pid the kernel handed out in this pid namespace (``/proc/loadavg``;
+    threads take pids too) has changed since the previous look-up: if it has not, no process
+    has started, and the sampler skips the look-up. Elsewhere there is no such signal and
+    every sample may look;
+  * and while the look-ups' CPU budget lasts: a token bucket that the sampler thread's CPU
+    time for each look-up is taken from, refilled at ``DISCOVERY_SHARE`` (0.2 % of a core) and
+    holding at most ``DISCOVERY_BURST_NS`` (2 ms). So look-ups cost at most 0.2 % of a core
+    (plus 2 ms once) whatever the machine, yet those at an epoch's start, when workers appear,
+    are not held back by one costly look-up before (the first one in a process runs cold). On
+    Linux a look-up lists ``/proc/<pid>/task/<tid>/children`` of the main process and its
+    children (~20 µs a thread: ~150 µs with 2 DataLoader workers, so a look-up every sample is
+    within budget); where that file is missing, and on other platforms, psutil's scan (1-3 ms:
+    once the burst is spent, one every 0.5-1.5 s).
+  A child is sampled from the first look-up after it starts: it loses at most that delay (its
+  CPU and RSS before then are in neither its ``per_process`` entry nor ``children_cpu``), plus its
+  priming sample as before. A child that exits is dropped at the first sample that cannot read it.
+
+A process's CPU % is the change of its CPU time (user + system) over the monotonic wall time
+between two of its readings, as psutil's ``cpu_percent(None)`` computes it; its first reading is
+n/a (priming), not 0. Processes are keyed by pid and start time: a pid reused by another process
+is a new process.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,7 +50,12 @@ from pipeprof.core.series import NA, NaType, TimeWeighted, Value, none_if_na
 
 SATURATED_PCT = 90.0  # a core at or above this busy % counts as saturated
 MAX_PROCESSES = 1024  # per-process aggregates kept; later children still count in children_cpu
+DISCOVERY_SHARE = 0.002  # children look-ups take at most this share of a core: see NOTE above
+DISCOVERY_BURST_NS = 2_000_000  # ... beyond which they may spend this much CPU at once
+SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own
 Role = Literal["main", "child"]
+CoreTimes = list[tuple[float, float, float]]  # per core: busy, total, iowait (any one unit)
+Reading = tuple[float, float, float]  # a process's start time (identity), CPU seconds, RSS bytes
 
 
 @dataclass
@@ -40,10 +77,207 @@ class _Proc:
         }
 
 
+@dataclass
+class _Last:
+    """A process's previous reading: its identity, CPU seconds, and when (monotonic ns)."""
+
+    ident: float
+    cpu_s: float
+    wall_ns: int
+
+
 def _busy_total(times: Any) -> tuple[float, float]:
     """(busy, total) CPU seconds of a psutil ``scputimes``, counted as psutil's cpu_percent does."""
     total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
     return total - times.idle - getattr(times, "iowait", 0.0), total
+
+
+class _Psutil:
+    """Readings through psutil: any platform psutil supports."""
+
+    def __init__(self, psutil: Any) -> None:
+        self.psutil = psutil
+        self._root = psutil.Process()
+        self._procs: dict[int, Any] = {self._root.pid: self._root}  # pid -> psutil.Process
+        self.has_iowait = hasattr(psutil.cpu_times(), "iowait")  # Linux only
+
+    def core_times(self) -> CoreTimes:
+        # From cpu_times deltas rather than psutil.cpu_percent()/cpu_times_percent(): those keep
+        # one module-global "last call", which a 10 Hz thread would share with the user's own
+        # calls and corrupt both.
+        out = []
+        for times in self.psutil.cpu_times(percpu=True):
+            busy, total = _busy_total(times)
+            out.append((busy, total, float(getattr(times, "iowait", 0.0))))
+        return out
+
+    def disk_read_bytes(self) -> Value:
+        try:
+            counters = self.psutil.disk_io_counters()
+        except Exception:
+            return NA
+        return NA if counters is None else float(counters.read_bytes)
+
+    def pid_marker(self) -> int | None:
+        """Something that changes whenever a process starts, or None where there is none."""
+        return None
+
+    def children(self, pid: int) -> list[int]:
+        """Pids of the descendants of ``pid``."""
+        root = self._root if pid == self._root.pid else self.psutil.Process(pid)
+        found = root.children(recursive=True)
+        self._procs = {p.pid: p for p in found} | {root.pid: self._procs.get(root.pid, root)}
+        return [p.pid for p in found]
+
+    def forget(self, pid: Any) -> None:
+        """Drop what is kept for reading ``pid`` (it exited, or is no longer a child)."""
+        if pid != self._root.pid:
+            self._procs.pop(pid, None)
+
+    def close(self) -> None:
+        return None
+
+    def read(self, pid: int) -> Reading:
+        proc = self._procs.get(pid)
+        if proc is None:
+            proc = self._procs[pid] = self.psutil.Process(pid)
+        with proc.oneshot():
+            times = proc.cpu_times()
+            rss = proc.memory_info().rss
+        return proc.create_time(), times.user + times.system, float(rss)
+
+
+def _pread_all(fd: int) -> bytes:
+    """All of a /proc file through an open descriptor: a read from offset 0 makes it afresh."""
+    data = os.pread(fd, 4096, 0)
+    while len(data) % 4096 == 0 and data:  # a full buffer: there may be more
+        more = os.pread(fd, 65536, len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+class _Procfs(_Psutil):
+    """Readings straight from Linux ``/proc``, one ``pread`` each of a file kept open (psutil for
+    the rare fallbacks). A process's stat stays open while it is sampled: the descriptor names
+    that process, not its pid, so reading it after the process is reaped fails (ESRCH)."""
+
+    def __init__(self, psutil: Any) -> None:
+        super().__init__(psutil)
+        self._clk_tck = float(os.sysconf("SC_CLK_TCK"))
+        self._page = float(os.sysconf("SC_PAGE_SIZE"))
+        self._whole_disk: dict[bytes, bool] = {}  # diskstats name -> a disk, not a partition
+        self._fds: dict[Any, int] = {}  # path or pid -> open descriptor
+        me = os.getpid()
+        # /proc/<pid>/task/<tid>/children needs CONFIG_PROC_CHILDREN (on in common distros).
+        self._task_children = os.path.exists(f"/proc/{me}/task/{me}/children")
+        self.has_iowait = any(len(c) > 5 for c in self._cpu_lines())
+
+    def _read(self, key: Any, path: str) -> bytes:
+        fd = self._fds.get(key)
+        if fd is None:
+            fd = self._fds[key] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return _pread_all(fd)
+        except OSError:
+            self.forget(key)
+            raise
+
+    def forget(self, pid: Any) -> None:
+        super().forget(pid)
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for key in list(self._fds):
+            self.forget(key)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _cpu_lines(self) -> list[list[bytes]]:
+        data = self._read("stat", "/proc/stat")
+        return [ln.split() for ln in data.splitlines() if ln[:3] == b"cpu" and ln[3:4].isdigit()]
+
+    def core_times(self) -> CoreTimes:
+        # user nice system idle iowait irq softirq steal guest guest_nice (clock ticks); guest
+        # time is in user time already. Busy and total as _busy_total counts psutil's.
+        out = []
+        for line in self._cpu_lines():
+            v = [int(x) for x in line[1:]]
+            total = sum(v) - sum(v[8:10])
+            iowait = v[4] if len(v) > 4 else 0
+            out.append((float(total - v[3] - iowait), float(total), float(iowait)))
+        return out
+
+    def disk_read_bytes(self) -> Value:
+        try:
+            data = self._read("diskstats", "/proc/diskstats")
+        except OSError:
+            return super().disk_read_bytes()
+        sectors, seen = 0, False
+        for line in data.splitlines():
+            fields = line.split()
+            if len(fields) == 14 or len(fields) >= 18:  # a disk: sectors read is the 6th field
+                name, n = fields[2], fields[5]
+            elif len(fields) == 7:  # a partition (Linux 2.6): the 5th
+                name, n = fields[2], fields[4]
+            else:
+                continue
+            whole = self._whole_disk.get(name)
+            if whole is None:  # psutil's is_storage_device: virtual devices count, partitions not
+                path = b"/sys/block/" + name.replace(b"/", b"!")
+                whole = self._whole_disk[name] = os.access(path, os.F_OK)
+            if whole:
+                sectors += int(n)
+                seen = True
+        return float(sectors * SECTOR) if seen else NA
+
+    def pid_marker(self) -> int | None:
+        try:  # the last pid handed out in this pid namespace (to a process or a thread)
+            return int(self._read("loadavg", "/proc/loadavg").split()[-1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def children(self, pid: int) -> list[int]:
+        if not self._task_children:
+            return super().children(pid)
+        found: list[int] = []
+        todo = [pid]
+        while todo:
+            parent = todo.pop()
+            try:
+                tids = os.listdir(f"/proc/{parent}/task")
+            except OSError:  # exited
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                        kids = [int(k) for k in f.read().split()]
+                except OSError:
+                    continue
+                found += kids
+                todo += kids
+        return found
+
+    def read(self, pid: int) -> Reading:
+        data = self._read(pid, f"/proc/{pid}/stat")
+        fields = data[data.rindex(b")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
+        # utime, stime (clock ticks), starttime (ticks since boot), rss (pages): fields 14, 15,
+        # 22 and 24 of proc(5); psutil's memory_info().rss reads the same count from statm.
+        cpu_s = (int(fields[11]) + int(fields[12])) / self._clk_tck
+        return float(fields[19]), cpu_s, int(fields[21]) * self._page
+
+
+def _procfs_available() -> bool:
+    return sys.platform.startswith("linux") and all(
+        os.access(p, os.R_OK) for p in ("/proc/stat", "/proc/self/stat", "/proc/loadavg")
+    )
 
 
 class HostSampler(Sampler):
@@ -53,6 +287,8 @@ class HostSampler(Sampler):
     (>= 90 %), CPU % and RSS (MiB) of the main process and of each child process, system-wide disk
     read MiB/s, and iowait % of all CPU time (Linux; n/a elsewhere). n/a readings (a process's
     priming sample, a metric the OS lacks) are ``None`` in ``to_dict()`` and excluded from means.
+    Children are looked up only when one may have started, within a CPU budget, so a new child is
+    seen a sample or more after it starts: see NOTE [ Host sampling cost ] in this module.
     """
 
     thread_name = "pipeprof-host"
@@ -64,11 +300,16 @@ class HostSampler(Sampler):
         self.available = False
         self.note: str | None = None
         self.cpu_count = os.cpu_count() or 1
-        self._psutil: Any = None
-        self._root: Any = None  # psutil.Process of this (the main) process
-        self._live: dict[int, Any] = {}  # pid -> primed psutil.Process of a live child
+        self._src: _Psutil | None = None
+        self._pid = os.getpid()  # the main process
+        self._kids: list[int] = []  # pids of the children found by the last look-up, still alive
+        self._last: dict[int, _Last] = {}  # pid -> previous reading, main and children
+        self._marker: int | None = None  # the source's pid marker at the last look-up
+        self._credit_ns = float(DISCOVERY_BURST_NS)  # CPU the look-ups may spend now ...
+        self._credit_t = 0  # ... as of this time (monotonic ns)
+        self.lookups = 0  # children look-ups so far
         self._procs: dict[int, _Proc] = {}  # pid -> aggregates, main first
-        self._last_times: list[tuple[float, float, float]] = []  # per core: busy, total, iowait
+        self._last_times: CoreTimes = []
         self._last_disk: Value = NA  # read bytes
         self._last_t = 0
         self._has_iowait = False
@@ -87,68 +328,90 @@ class HostSampler(Sampler):
         except ImportError:
             self.note = "psutil is not installed, so host CPU is not sampled; pip install psutil."
             return False
-        self._psutil = psutil
-        self._root = psutil.Process()
-        self._root.cpu_percent(None)
-        self._procs[self._root.pid] = _Proc(self._root.pid, "main")
+        self._src = _Procfs(psutil) if _procfs_available() else _Psutil(psutil)
+        self._pid = os.getpid()
+        self._procs[self._pid] = _Proc(self._pid, "main")
         self.cpu_count = psutil.cpu_count() or self.cpu_count
-        self._last_times = self._core_times()
-        self._has_iowait = hasattr(psutil.cpu_times(), "iowait")  # Linux only
-        self._last_disk = self._disk_read_bytes()
+        self._last_times = self._src.core_times()
+        self._has_iowait = self._src.has_iowait
+        self._last_disk = self._src.disk_read_bytes()
         self._last_t = now_ns
-        main = self._procs[self._root.pid]
-        for agg in (self.cpu, self.saturated, self.iowait, self.disk, main.cpu):
+        self._reading(self._pid)  # primes the main process's CPU
+        for agg in (self.cpu, self.saturated, self.iowait, self.disk, self._procs[self._pid].cpu):
             agg.begin(now_ns)
-        self._children(now_ns)
+        self._credit_t = time.monotonic_ns()
+        self._maybe_look_up(force=True)
+        for pid in list(self._kids):  # children there already are primed now, as the main is
+            if self._reading(pid) is None:
+                self._kids.remove(pid)
+            else:
+                self._begin_child(now_ns, pid)
         self.available = True
         return True
 
-    def _core_times(self) -> list[tuple[float, float, float]]:
-        # Computed from cpu_times deltas rather than psutil.cpu_percent()/cpu_times_percent():
-        # those keep one module-global "last call", which a 10 Hz thread would share with the
-        # user's own calls and corrupt both.
-        out = []
-        for times in self._psutil.cpu_times(percpu=True):
-            busy, total = _busy_total(times)
-            out.append((busy, total, float(getattr(times, "iowait", 0.0))))
-        return out
+    def _begin_child(self, now_ns: int, pid: int) -> None:
+        """A child's first reading: its aggregates (within MAX_PROCESSES) start at ``now_ns``."""
+        if pid not in self._procs and len(self._procs) < MAX_PROCESSES:
+            self._procs[pid] = _Proc(pid, "child")
+        if pid in self._procs:
+            self._procs[pid].cpu.begin(now_ns)
 
-    def _disk_read_bytes(self) -> Value:
+    def _maybe_look_up(self, force: bool = False) -> None:
+        """Look up the children again if one may have started and the CPU budget allows."""
+        assert self._src is not None
+        marker = self._src.pid_marker()  # read first: a child started during the look-up counts
+        if not force:
+            if marker is not None and marker == self._marker:
+                return  # no process started since the last look-up
+            now = time.monotonic_ns()
+            credit = self._credit_ns + (now - self._credit_t) * DISCOVERY_SHARE
+            self._credit_ns, self._credit_t = min(float(DISCOVERY_BURST_NS), credit), now
+            if self._credit_ns < 0:
+                return
+        cpu0 = time.thread_time_ns()
         try:
-            counters = self._psutil.disk_io_counters()
-        except Exception:
-            return NA
-        return NA if counters is None else float(counters.read_bytes)
+            kids = self._src.children(self._pid)
+        except Exception:  # tried again when the budget allows
+            kids = None
+        if kids is not None:
+            self._marker = marker
+            self.lookups += 1
+            found = set(kids)
+            for pid in self._kids:
+                if pid not in found:
+                    self._drop(pid)
+            self._kids = list(dict.fromkeys(kids))
+        self._credit_ns -= time.thread_time_ns() - cpu0
 
-    def _children(self, now_ns: int) -> dict[int, tuple[Any, bool]]:
-        """Live children by pid, with True for those first seen (and primed) now."""
-        current = {}
-        for proc in self._root.children(recursive=True):
-            cached = self._live.get(proc.pid)
-            if cached is not None and cached == proc:  # same pid and create_time: already primed
-                current[proc.pid] = (cached, False)
-                continue
-            try:
-                proc.cpu_percent(None)
-            except Exception:
-                continue
-            current[proc.pid] = (proc, True)
-            if proc.pid not in self._procs and len(self._procs) < MAX_PROCESSES:
-                self._procs[proc.pid] = _Proc(proc.pid, "child")
-            if proc.pid in self._procs:
-                self._procs[proc.pid].cpu.begin(now_ns)
-        self._live = {pid: proc for pid, (proc, _) in current.items()}
-        return current
+    def _drop(self, pid: int) -> None:
+        self._last.pop(pid, None)
+        if self._src is not None:
+            self._src.forget(pid)
 
-    def _proc_reading(self, proc: Any, fresh: bool = False) -> tuple[Value, Value]:
-        """(cpu %, rss MiB) of one process; CPU is NA when ``fresh`` (just primed); NA if the
-        process vanished or is not readable."""
+    def _close(self) -> None:
+        if self._src is not None:
+            self._src.close()
+
+    def _reading(self, pid: int) -> tuple[Value, float] | None:
+        """(cpu %, rss MiB) of a process: CPU is NA at its first (priming) reading. None if it
+        is gone or unreadable, or its pid now names another process (whose reading becomes the
+        first of a new one)."""
+        assert self._src is not None
         try:
-            with proc.oneshot():
-                cpu: Value = NA if fresh else float(proc.cpu_percent(None))
-                return cpu, proc.memory_info().rss / MIB
+            ident, cpu_s, rss = self._src.read(pid)
         except Exception:
-            return NA, NA
+            self._drop(pid)
+            return None
+        now = time.monotonic_ns()
+        last = self._last.get(pid)
+        if last is not None and last.ident != ident:
+            self._drop(pid)
+            return None
+        self._last[pid] = _Last(ident, cpu_s, now)
+        cpu: Value = NA
+        if last is not None and now > last.wall_ns:
+            cpu = 100.0 * (cpu_s - last.cpu_s) * 1e9 / (now - last.wall_ns)
+        return cpu, rss / MIB
 
     def _record_proc(self, now_ns: int, pid: int, cpu: Value, rss: Value) -> None:
         agg = self._procs.get(pid)
@@ -159,18 +422,28 @@ class HostSampler(Sampler):
             agg.rss_max_mb = rss if agg.rss_max_mb is None else max(agg.rss_max_mb, rss)
 
     def _sample(self, now_ns: int) -> None:
-        if not self.available:
+        if not self.available or self._src is None:
             return
         cpu, iowait, saturated = self._cpu()
-        main_cpu, main_rss = self._proc_reading(self._root)
-        self._record_proc(now_ns, self._root.pid, main_cpu, main_rss)
+        main = self._reading(self._pid)
+        main_cpu, main_rss = main if main is not None else (NA, NA)
+        self._record_proc(now_ns, self._pid, main_cpu, main_rss)
+        self._maybe_look_up()
         children_cpu, rss = 0.0, 0.0 if isinstance(main_rss, NaType) else main_rss
-        for pid, (proc, fresh) in self._children(now_ns).items():
-            c_cpu, c_rss = self._proc_reading(proc, fresh)
+        alive = []
+        for pid in self._kids:
+            reading = self._reading(pid)
+            if reading is None:
+                continue
+            alive.append(pid)
+            c_cpu, c_rss = reading
+            if isinstance(c_cpu, NaType):  # its first reading: its intervals start now
+                self._begin_child(now_ns, pid)
             self._record_proc(now_ns, pid, c_cpu, c_rss)
             children_cpu += 0.0 if isinstance(c_cpu, NaType) else c_cpu
-            rss += 0.0 if isinstance(c_rss, NaType) else c_rss
-        disk_bytes, dt_s = self._disk_read_bytes(), (now_ns - self._last_t) / 1e9
+            rss += c_rss
+        self._kids = alive
+        disk_bytes, dt_s = self._src.disk_read_bytes(), (now_ns - self._last_t) / 1e9
         disk: Value = NA
         if not isinstance(disk_bytes, NaType) and not isinstance(self._last_disk, NaType):
             delta = disk_bytes - self._last_disk
@@ -188,7 +461,8 @@ class HostSampler(Sampler):
 
     def _cpu(self) -> tuple[Value, Value, Value]:
         """System busy %, iowait % and saturated-core count since the previous sample."""
-        times = self._core_times()
+        assert self._src is not None
+        times = self._src.core_times()
         deltas = [
             tuple(n - o for n, o in zip(new, old, strict=True))
             for new, old in zip(times, self._last_times, strict=False)
