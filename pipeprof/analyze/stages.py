@@ -164,15 +164,17 @@ def _steady_window(session: Session) -> tuple[int | None, int, int]:
 def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """pipeprof's own cost (docs/overhead.md): the timed regions, estimated as ``events`` times
     the per-region cost calibrated on this machine (``per_event_ns``: open, close, packing); and,
-    measured, its bookkeeping on the loop's thread inside ``next()`` (``main_s``), the background
-    fold of records (``settle_s``) and the sampler threads (``sampler_s``). ``estimated_fraction``
+    measured, its bookkeeping on the loop's thread inside ``next()`` (``main_s``), folding the
+    records (``settle_s``), the sampler threads (``sampler_s``) and building the profiled twin
+    of a loader (``setup_s``). ``estimated_fraction``
     is their sum over the CPU time of the profiled processes (main and workers) when known."""
     costs = session.costs
     regions_s = session.events * session.overhead_ns / 1e9
     main_s = costs.get("main_ns", 0) / 1e9
     settle_s = costs.get("settle_ns", 0) / 1e9
     sampler_s = costs.get("sampler_ns", 0) / 1e9
-    cost_s = regions_s + main_s + settle_s + sampler_s
+    setup_s = costs.get("setup_ns", 0) / 1e9
+    cost_s = regions_s + main_s + settle_s + sampler_s + setup_s
     main_cpu = session.meta.get("main_cpu_ns")
     if isinstance(main_cpu, int) and main_cpu > 0:
         base_s = (main_cpu + sum(w.cpu_ns for w in session.workers.values())) / 1e9
@@ -194,6 +196,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "main_s": round(main_s, 6),
         "settle_s": round(settle_s, 6),
         "sampler_s": round(sampler_s, 6),
+        "setup_s": round(setup_s, 6),
         "estimated_s": round(cost_s, 6),
         "estimated_fraction": round(cost_s / base_s, 6) if base_s > 0 else None,
         "basis": basis,

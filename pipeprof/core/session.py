@@ -8,11 +8,12 @@ with the number of batches, plus bounded rings of raw spans and recent batches f
 NOTE [ Deferred aggregation ]
 A worker's records reach the main process with each batch, packed as bytes (``recorder.pack``):
 unpickling them inside the loop's ``next()`` is one copy, and ``merge`` only queues them. They
-are folded into ``stages``, ``spans`` and ``events`` in bulk, vectorised, by ``settle``: when a
-report or a file is made (``to_dict``, ``analyze``), at the end of each pass over a loader, and,
-in long runs, on a short-lived background thread once ``SETTLE_EVENTS`` records are pending, a
-chunk at a time so the loop's thread never waits long for the GIL. Read ``stages`` through
-``settled()`` (or after ``settle()``). The settling thread's CPU time is pipeprof's own cost and
+are folded into ``stages`` and ``events`` in bulk, vectorised, by ``settle``: when a report or a
+file is made (``to_dict``, ``analyze``), at the end of each pass over a loader, and, in long runs,
+on a short-lived background thread once ``SETTLE_EVENTS`` records are pending, a chunk at a time
+so the loop's thread never waits long for the GIL. Their spans stay packed until something reads
+``spans`` through ``settled()`` (a report, a file, a trace). Read ``stages`` and ``spans`` through
+``settled()``. The settling thread's CPU time is pipeprof's own cost and
 lands in ``costs["settle_ns"]``.
 """
 
@@ -176,6 +177,10 @@ class Session:
     _pending_events: int = field(default=0, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
     _settler: threading.Thread | None = field(default=None, repr=False, compare=False)
+    _span_chunks: deque[tuple[str, str, Any, Any]] = field(
+        default_factory=deque, repr=False, compare=False
+    )  # folded, not yet tuples: (track, path, starts, durations)
+    _span_count: int = field(default=0, repr=False, compare=False)
 
     # ---- collection ---------------------------------------------------------------------
 
@@ -221,8 +226,11 @@ class Session:
                 mine[path] = stat
             else:
                 have.merge(stat)
-            keep = self.spans.maxlen or len(starts)
-            self.spans.extend(zip(repeat(track), repeat(path), starts[-keep:], durs[-keep:]))
+            self._span_chunks.append((track, path, starts, durs))
+            self._span_count += len(durs)
+        limit = self.spans.maxlen or 0
+        while limit and len(self._span_chunks) > 1 and self._span_count > limit:
+            self._span_count -= len(self._span_chunks.popleft()[3])  # older than the ring keeps
 
     def _settle_behind(self) -> None:
         t0 = time.thread_time_ns()
@@ -233,9 +241,15 @@ class Session:
             self._settler = None
 
     def settled(self) -> Any:
-        """``with session.settled():`` everything queued is folded in, and no background settle
-        changes ``stages`` or ``spans`` while the block reads them."""
+        """``with session.settled():`` everything queued is folded in (spans too), and no
+        background settle changes ``stages`` or ``spans`` while the block reads them."""
         self.settle()
+        with self._lock:
+            while self._span_chunks:  # raw spans become tuples only when something reads them
+                track, path, starts, durs = self._span_chunks.popleft()
+                keep = self.spans.maxlen or len(durs)
+                self.spans.extend(zip(repeat(track), repeat(path), starts[-keep:], durs[-keep:]))
+            self._span_count = 0
         return self._lock
 
     def add_cost(self, where: str, ns: int) -> None:

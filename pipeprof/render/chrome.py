@@ -166,7 +166,8 @@ def _stage_spans(tr: _Trace, session: Session, track: str, spans: list[Any]) -> 
         else:
             b = batches.get((start + dur, dur))
             args = {"batch": b[0], "from": b[1], "samples": b[4]} if b else {}
-            out.append(tr.span(path, "wait", start, dur, **args))
+            cat = "hand-over" if path == "wait/hand-over" else "wait"  # NOTE [ Wait, split ]
+            out.append(tr.span(path, cat, start, dur, **args))
     return out
 
 
@@ -239,7 +240,10 @@ def _counters(tr: _Trace, data: dict[str, Any]) -> None:
 
 def build_trace(data: dict[str, Any], session: Session | None = None) -> dict[str, Any]:
     """The Trace Event Format object (``{"traceEvents": [...], ...}``) of a report."""
-    spans = list(session.spans) if session is not None else []
+    spans: list[Any] = []
+    if session is not None:
+        with session.settled():
+            spans = list(session.spans)
     t0 = session.start_ns if session is not None else 0
     if spans:
         t0 = min(t0, min(s[2] for s in spans))

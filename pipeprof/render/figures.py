@@ -105,7 +105,7 @@ def overhead_line(data: dict[str, Any]) -> str:
     of = "of the CPU the run used" if o.get("basis") == "cpu" else "of measured time"
     parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
     for key, what in (("main_s", "bookkeeping in next()"), ("settle_s", "folding records"),
-                      ("sampler_s", "samplers")):  # fmt: skip
+                      ("sampler_s", "samplers"), ("setup_s", "set-up")):  # fmt: skip
         if o.get(key):
             parts.append(f"{what} {num(o[key] * 1e3)} ms")
     return f"pipeprof's own work ≈ {pct(o.get('estimated_fraction'), 2)} {of} ({', '.join(parts)})"

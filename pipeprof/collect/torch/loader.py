@@ -281,6 +281,7 @@ class ProfiledLoader:
     """
 
     def __init__(self, loader: DataLoader, session: Session, device: Any = None) -> None:
+        t0 = clock()
         self.user_loader = loader
         self.opaque = own_iteration(loader)
         if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
@@ -301,6 +302,7 @@ class ProfiledLoader:
         session.meta.update(describe(loader, self.device))
         if not self.opaque:  # each batch comes stamped with when it was ready
             session.meta["wait_split"] = True
+        session.add_cost("setup_ns", clock() - t0)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -315,7 +317,9 @@ class ProfiledLoader:
         if self.passes and not (persistent or self.opaque):
             # A new pass reads the dataset as it is now (``set_epoch`` and the like), as the plain
             # loader's fresh workers would; persistent workers keep theirs, as they do unprofiled.
+            t0 = clock()
             self.loader = build_loader(self.user_loader)[0]
+            self.session.add_cost("setup_ns", clock() - t0)
         self.passes += 1
         rec = recorder()
         mine, first_profile = rec.begin()
@@ -378,7 +382,9 @@ class ProfiledLoader:
             finally:
                 rec.leave(before)
         self._merge_main(rec)
+        t0 = clock()
         self.session.settle()
+        self.session.add_cost("settle_ns", clock() - t0)
 
     def _unpack(self, carrier: Any, t0: int, t1: int, t_iter: int | None, span: str) -> Any:
         s = self.session
