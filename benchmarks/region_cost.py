@@ -91,13 +91,13 @@ def _run_hot(name: str, stmt: str, ns: dict[str, Any], number: int) -> float:
     glob = recmod.recorder()
     glob.enabled = name in ENABLED
     glob.reset("main")
-    ns["rec"].raw = {}
+    ns["rec"].raw.clear()
     try:
         return timeit.Timer(stmt, globals=ns).timeit(number)  # gc off inside, as timeit does
     finally:
         glob.enabled = False
         glob.reset("main")
-        ns["rec"].raw = {}
+        ns["rec"].raw.clear()
 
 
 # ---- drain cases ------------------------------------------------------------------------------
@@ -116,42 +116,47 @@ DEMO_PATHS = [
 ]
 
 
-def batch_raw(batch: int = 32) -> dict[str, list[int]]:
-    """A worker's raw records for one batch (realistic durations, start times increasing)."""
-    raw: dict[str, list[int]] = {}
-    t = 10**12
+def batch_raw(batch: int = 32) -> dict[Any, list[int]]:
+    """A worker's raw records for one batch (realistic durations, start times increasing), as
+    the recorder keeps them."""
+    rec = Recorder()
+    t = clock()
     for i in range(batch):
         for j, path in enumerate(DEMO_PATHS):
             dur = 200_000 + 37_000 * j + (i * 7919) % 50_000
-            raw.setdefault(path, []).extend((t, dur, 1))
+            rec.add(path, dur, 1, t)
             t += dur
-    raw["collate"] = [t, 900_000, 1]
-    return raw
+    rec.add("collate", 900_000, 1, t)
+    return rec.raw
 
 
-def bulk_raw(events: int = 20_000) -> dict[str, list[int]]:
+def bulk_raw(events: int = 20_000) -> dict[Any, list[int]]:
     """One path, many events: what ``measure_overhead`` drains."""
-    flat: list[int] = []
+    rec = Recorder()
+    t = clock()
     for i in range(events):
-        flat.extend((10**12 + i * 1000, 300 + i % 97, 1))
-    return {"overhead": flat}
+        rec.add("overhead", 300 + i % 97, 1, t + i * 1000)
+    return rec.raw
 
 
-def _events(raw: dict[str, list[int]]) -> int:
-    return sum(len(v) // 3 for v in raw.values())
+def _copy(raw: dict[Any, list[int]]) -> dict[Any, list[int]]:
+    return {k: list(v) for k, v in raw.items()}
+
+
+def _events(raw: dict[Any, list[int]]) -> int:
+    return int(recmod.pack(_copy(raw), "main", 0)["events"])
 
 
 def _time_drains(template: dict[str, list[int]], count: int) -> float:
     """Nanoseconds per event for ``count`` drains of copies of ``template``."""
     rec = Recorder()
-    copies = [{k: list(v) for k, v in template.items()} for _ in range(count)]
+    copies = [_copy(template) for _ in range(count)]
     was = gc.isenabled()
     gc.disable()
     try:
         t0 = clock()
         for raw in copies:
-            rec.raw = raw
-            rec.drain()
+            rec.drain(raw)
         dt = clock() - t0
     finally:
         if was:
@@ -161,9 +166,7 @@ def _time_drains(template: dict[str, list[int]], count: int) -> float:
 
 def _time_main_side(template: dict[str, list[int]], count: int) -> float:
     """ns per event the main process spends per batch: unpickle a drain and merge it."""
-    rec = Recorder()
-    rec.raw = {k: list(v) for k, v in template.items()}
-    payload = rec.drain()
+    payload = Recorder().drain(_copy(template))
     blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
     session = Session()
     was = gc.isenabled()
@@ -181,9 +184,7 @@ def _time_main_side(template: dict[str, list[int]], count: int) -> float:
 
 def _time_worker_pickle(template: dict[str, list[int]], count: int) -> tuple[float, int]:
     """ns per event to pickle a drain in the worker (the queue does it), and the bytes."""
-    rec = Recorder()
-    rec.raw = {k: list(v) for k, v in template.items()}
-    payload = rec.drain()
+    payload = Recorder().drain(_copy(template))
     t0 = clock()
     for _ in range(count):
         blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)

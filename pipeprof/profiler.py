@@ -142,9 +142,9 @@ class Profiler:
         s.overhead_ns = measure_overhead()  # after the loop: calibrating is not the loop's time
         self._collect_samplers()
         self._twins.clear()  # lets persistent workers of the profiled twins shut down
-        rec = recorder()
-        if rec.raw:
-            s.merge(rec.drain())
+        payload = recorder().drain()
+        if payload["events"]:
+            s.merge(payload)
         s.settle()
         if self.stream:
             self._save_stream()

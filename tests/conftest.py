@@ -18,7 +18,7 @@ def nothing_leaks():
     yield
     rec = recorder()
     assert not rec.enabled, "a profile left the recorder enabled"
-    assert not rec.stack, "a profile left stages open"
+    assert rec.innermost is None, "a profile left stages open"
     rec.raw.clear()
     leaked = [
         t.name

@@ -4,12 +4,16 @@ import pytest
 
 import pipeprof
 from pipeprof.core import recorder as recmod
-from pipeprof.core.recorder import aggregate, recorder, timed_call
+from pipeprof.core.recorder import recorder, timed_call, timed_call1
+from pipeprof.core.session import Session
 
 
 def stats_of(payload):
     """A drain's records as Stats per path, as the session folds them."""
-    return {path: aggregate([packed])[0] for path, packed in payload["raw"].items()}
+    s = Session()
+    s.merge(payload)
+    s.settle()
+    return s.stages[payload["track"]]
 
 
 class FakeClock:
@@ -52,6 +56,60 @@ def test_detached_stage_is_subtracted_and_relative_stage_included(fake):
     assert stats["transform/T"].total_ns == 3_000
 
 
+def test_a_transform_in_a_relative_stage_is_detached_from_every_enclosing_stage(fake):
+    """``__getitem__`` runs its transform inside ``with pipeprof.stage("decode")``: the
+    transform's time comes out of ``load/decode`` and out of ``load`` too. A grandchild is
+    subtracted once (it is inside the transform), siblings add up."""
+    rec = recorder()
+
+    def inner(x):
+        fake.now += 400
+        return x
+
+    def transform(x):
+        fake.now += 3_000
+        return timed_call1("transform/inner", inner, x)  # inside the transform: not load's
+
+    def getitem(i):
+        fake.now += 1_000
+        with pipeprof.stage("decode"):
+            fake.now += 2_000
+            timed_call1("transform/T", transform, i)
+            with pipeprof.stage("crop"):
+                fake.now += 50
+                timed_call1("transform/T", transform, i)
+        fake.now += 500
+        return i
+
+    assert timed_call1("load", getitem, 7) == 7
+    frame = rec.open("load")  # the same through open/close (IterDataset, __getitems__)
+    getitem(8)
+    rec.close(frame, detach=True)
+    stats = stats_of(rec.drain())
+    assert stats["load"].total_ns == 2 * 3_550  # 1000 + 2000 + 50 + 500
+    assert stats["load/decode"].total_ns == 2 * 2_050  # 2000 + crop's 50
+    assert stats["load/decode/crop"].total_ns == 2 * 50
+    assert stats["transform/T"].total_ns == 4 * 3_000 and stats["transform/T"].count == 4
+    assert stats["transform/inner"].total_ns == 4 * 400
+
+
+def test_a_close_skipped_by_an_exception_leaves_later_records_right(fake):
+    rec = recorder()
+    outer = rec.open("load")
+    rec.open("transform/lost")  # never closed
+    fake.now += 1_000
+    rec.close(outer, detach=True)
+    assert rec.innermost is None
+    frame = rec.open("load")
+    with pipeprof.stage("read"):
+        fake.now += 200
+    fake.now += 100
+    rec.close(frame, detach=True)
+    stats = stats_of(rec.drain())
+    assert stats["load"].count == 2 and stats["load"].total_ns == 1_300
+    assert sorted(stats) == ["load", "load/read"]
+
+
 def test_stage_outside_a_profile_is_a_no_op_and_bad_names_fail():
     with pipeprof.stage("x"):
         pass
@@ -65,7 +123,7 @@ def test_exception_in_a_stage_still_closes_it(fake):
     with pytest.raises(RuntimeError, match="mine"), pipeprof.stage("outer"):
         fake.now += 10
         timed_call("boom", _raise)
-    assert not rec.stack
+    assert rec.innermost is None
     stats = stats_of(rec.drain())
     assert stats["outer"].count == 1 and stats["boom"].count == 1
 
@@ -81,6 +139,12 @@ def test_per_item_durations_for_batched_loads(fake):
     rec.close(frame, n=4)
     stat = stats_of(rec.drain())["load"]
     assert stat.count == 4 and stat.total_ns == 8_000 and stat.max_ns == 2_000
+    for n, ns in ((1, 500), (4, 8_000), (1, 700)):  # one path, records of 1 and of 4 items
+        frame = rec.open("load")
+        fake.now += ns
+        rec.close(frame, n=n)
+    stat = stats_of(rec.drain())["load"]
+    assert (stat.count, stat.total_ns, stat.min_ns, stat.max_ns) == (6, 9_200, 500, 2_000)
 
 
 def test_stages_in_helper_threads_nest_under_the_pipeline_stage():
@@ -102,7 +166,7 @@ def test_stages_in_helper_threads_nest_under_the_pipeline_stage():
             frame = rec.open("load")
             assert list(pool.map(decode, range(400))) == list(range(400))
             rec.close(frame)
-        assert not rec.stack
+        assert rec.innermost is None
         stats = stats_of(rec.drain())
     finally:
         rec.enabled = False

@@ -10,22 +10,44 @@ Built-in stages have absolute paths (``load``, ``transform``, ``collate``). A st
 ``pipeprof.stage(name)`` is relative: its path is the enclosing stage's path plus ``/name``, and
 its time stays inside the parent's total (``load/decode`` is part of ``load``). An absolute stage
 opened inside another (a dataset's ``__getitem__`` calling its transform) is *detached*: its time
-is subtracted from the enclosing stage, so ``load`` is ``__getitem__`` minus the transform, as
-DESIGN.md defines it.
+is subtracted from every enclosing stage up to and including the innermost absolute one, so
+``load`` is ``__getitem__`` minus the transform, as DESIGN.md defines it, even when the transform
+runs inside a ``pipeprof.stage`` of ``__getitem__``.
+
+There is no stack of open stages. Each thread has a ``_State``: the innermost open stage's path
+(for relative children's paths), where it records (``sink``) and ``detached``, a running total
+of the ns spent in detached stages. A stage notes ``detached`` when it opens (``d0``); at its
+close the growth since, ``detached - d0``, is the time of the detached stages inside it, so its
+self time is ``dur - (detached - d0)``. An absolute stage then sets ``detached = d0 + dur``: its
+own duration replaces whatever was detached inside it (those stages are in it), so an enclosing
+stage subtracts each directly nested absolute stage once, and siblings add up. A relative stage
+leaves ``detached`` as it is: what was detached inside it is detached from its parents too.
+When nothing is left open on the thread the total restarts at 0 (small ints are cheaper).
+Each close sets the thread's state from what its own open saved (the path; for an absolute stage,
+``d0 + dur``), so a close that an exception skipped leaves no trace in later records.
+
+A thread with nothing open (a dataset's helper thread) names relative stages under the pipeline
+thread's innermost stage (``_main``: the thread that made or reset the recorder). Time spent in
+one thread is never subtracted from a stage of another.
+
+A record is ``start, self_ns`` under its path; a record of ``n`` items at once (a batched fetch,
+``__getitems__``) goes under ``(path, n)``, its self time covering the ``n`` items.
 
 NOTE [ Whose records ]
 Profiling is on while at least one profile runs in the process (``begin``/``end`` count them),
 and off again, with nothing kept, when the last one ends. Records go to a *sink*: while a profiled
 iteration runs its pipeline on a thread (``enter``/``leave`` around its ``next()``), what that
 thread records is that iteration's; anything else (the loop's own ``pipeprof.stage`` regions, a
-dataset's helper threads, a worker process) goes to the process's shared sink, which the first
-profile to begin drains. So concurrent profiles in two threads and a ``profile()`` nested in a
-profiled loop each keep their own records. A frame remembers its sink when it opens.
+dataset's helper threads, a worker process) goes to the process's shared sink (``raw``, one dict
+for the recorder's life: drains and resets empty it in place), which the first profile to begin
+drains. So concurrent profiles in two threads and a ``profile()`` nested in a profiled loop each
+keep their own records. A stage records into the sink its thread had when it opened.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 from array import array
@@ -36,30 +58,32 @@ from pipeprof.core.stats import Stat
 clock = time.perf_counter_ns
 
 
-class _Stack(list):  # type: ignore[type-arg]
-    """One thread's open frames ``[path, detached ns, start, stack, sink]``, and where that
-    thread records now (``sink``; None: the shared one). A slot, not a thread-local attribute:
-    the hot path reads it at the cost of an attribute."""
+class _State:
+    """One thread's place among the stages (NOTE [ Stage paths and self time ]): the innermost
+    open stage's path (None: none open), the ns spent in detached stages so far, and where the
+    thread records now (NOTE [ Whose records ])."""
 
-    __slots__ = ("sink",)
+    __slots__ = ("detached", "path", "sink")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.sink: dict[str, list[int]] | None = None
+    def __init__(self, sink: dict[Any, list[int]]) -> None:
+        self.detached = 0
+        self.path: str | None = None
+        self.sink = sink
 
 
-class _Stacks(threading.local):
-    """Open frames, one stack per thread: a dataset may time work in its own thread pool."""
+class _Local(threading.local):
+    """A ``_State`` per thread: a dataset may time work in its own thread pool. A slotted object
+    behind one thread-local read: the hot path reads and writes its fields at slot cost."""
 
-    def __init__(self) -> None:
-        self.stack = _Stack()
+    def __init__(self, sink: dict[Any, list[int]]) -> None:
+        self.st = _State(sink)
 
 
 class Recorder:
-    """Timings of one process, kept raw until ``drain`` turns them into ``Stat``s.
+    """Timings of one process, kept raw until ``drain`` packs them for the session.
 
-    The hot path only appends ``start, self_ns, n`` to a per-path list (see NOTE [ Stage paths and
-    self time ] for the stack of open frames); the aggregation runs once per batch, vectorised.
+    The hot path only appends ``start, self_ns`` to a per-path list (NOTE [ Stage paths and self
+    time ]); the aggregation into ``Stat``s runs later, in bulk, in the main process.
     ``enabled`` is False until a profile is active in this process; while disabled, stages cost
     one attribute read. ``track`` names the process in traces (``main``, ``worker0``).
     """
@@ -70,31 +94,31 @@ class Recorder:
         self._lock = threading.Lock()
         self.track = "main"
         self.pid = os.getpid()
-        self.raw: dict[str, list[int]] = {}
-        self._stacks = _Stacks()
-        self._main = self._stacks.stack  # the stack of the thread that runs the pipeline
+        self.raw: dict[Any, list[int]] = {}  # the shared sink
+        self._local = _Local(self.raw)
+        self._main = self._local.st  # the state of the thread that runs the pipeline
 
     @property
-    def stack(self) -> list[list[Any]]:
-        """This thread's open frames."""
-        return self._stacks.stack
+    def innermost(self) -> str | None:
+        """The path of this thread's innermost open stage; None when none is open."""
+        return self._local.st.path
 
     def reset(self, track: str) -> None:
         """Start afresh as ``track`` (a forked worker inherits its parent's recorder)."""
         self.track = track
         self.pid = os.getpid()
         self.active = 0
-        self.raw = {}
-        self._stacks = _Stacks()
-        self._main = self._stacks.stack
+        self.raw.clear()
+        self._local = _Local(self.raw)
+        self._main = self._local.st
 
-    def begin(self) -> tuple[dict[str, list[int]], bool]:
+    def begin(self) -> tuple[dict[Any, list[int]], bool]:
         """A profile starts: profiling is on. Returns its own sink and whether it is the first
         profile running, which also takes the shared sink's records (NOTE [ Whose records ])."""
         with self._lock:
             first = self.active == 0
             if first:
-                self.raw = {}  # nothing recorded before a profile ran belongs to it
+                self.raw.clear()  # nothing recorded before a profile ran belongs to it
             self.active += 1
             self.enabled = True
         return {}, first
@@ -105,109 +129,125 @@ class Recorder:
             self.active = max(0, self.active - 1)
             if not self.active:
                 self.enabled = False
-                self.raw = {}
+                self.raw.clear()
 
-    def enter(self, sink: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
-        """This thread records into ``sink`` until ``leave``; returns the sink it had."""
-        stack = self._stacks.stack
-        before, stack.sink = stack.sink, sink
+    def enter(self, sink: dict[Any, list[int]] | None) -> dict[Any, list[int]]:
+        """This thread records into ``sink`` (None: the shared one) until ``leave``; returns the
+        sink it had."""
+        st = self._local.st
+        before, st.sink = st.sink, self.raw if sink is None else sink
         return before
 
-    def leave(self, before: dict[str, list[int]] | None) -> None:
-        self._stacks.stack.sink = before
+    def leave(self, before: dict[Any, list[int]]) -> None:
+        self._local.st.sink = before
 
     def open(self, path: str) -> list[Any]:
-        stack = self._stacks.stack
-        frame = [path, 0, 0, stack, stack.sink]
-        stack.append(frame)
-        frame[2] = clock()
+        """Open the stage ``path``; ``close`` (or ``discard``) the frame this returns."""
+        st = self._local.st
+        frame = [path, 0, st, st.path, st.detached, st.sink]
+        st.path = path
+        frame[1] = clock()
         return frame
 
     def close(self, frame: list[Any], n: int = 1, detach: bool = False) -> int:
-        """Close ``frame``; record its self time for ``n`` items; return its inclusive ns."""
+        """Close ``frame``; record its self time for ``n`` items; return its inclusive ns.
+        ``detach``: an absolute stage (NOTE [ Stage paths and self time ])."""
         end = clock()
-        stack = frame[3]  # the stack of the thread that opened it
-        while stack and stack.pop() is not frame:  # frames left open by an exception
-            pass
-        start: int = frame[2]
-        dur = end - start
-        if detach and stack:
-            stack[-1][1] += dur
-        sink: dict[str, list[int]] = frame[4] if frame[4] is not None else self.raw
-        raw = sink.get(frame[0])
-        if raw is None:
-            raw = sink.setdefault(frame[0], [])
-        raw += (start, dur - frame[1], n)  # one call: threads never interleave a record
+        path, start, st, prev, d0, sink = frame
+        dur: int = end - start
+        st.path = prev
+        own = dur + d0 - st.detached
+        if prev is None:
+            st.detached = 0
+        elif detach:
+            st.detached = d0 + dur
+        key = path if n == 1 else (path, n)
+        try:
+            raw = sink[key]
+        except KeyError:
+            raw = sink[key] = []
+        raw += (start, own)  # one call: threads never interleave a record
         return dur
 
     def discard(self, frame: list[Any]) -> None:
-        """Drop an open frame without recording it."""
-        stack = self._stacks.stack
-        while stack and stack.pop() is not frame:
-            pass
+        """Drop an open frame without recording it (what was detached inside it stays so)."""
+        st, prev = frame[2], frame[3]
+        st.path = prev
+        if prev is None:
+            st.detached = 0
 
     def add(self, path: str, ns: int, n: int = 1, start: int = 0) -> None:
         """Record ``ns`` nanoseconds spent in ``path`` for ``n`` items, starting at ``start``."""
         sink = self.sink
-        raw = sink.get(path)
-        if raw is None:
-            raw = sink.setdefault(path, [])
-        raw += (start, ns, n)
+        key = path if n == 1 else (path, n)
+        sink.setdefault(key, []).extend((start, ns))
 
     @property
-    def sink(self) -> dict[str, list[int]]:
+    def sink(self) -> dict[Any, list[int]]:
         """Where this thread records now (NOTE [ Whose records ])."""
-        mine = self._stacks.stack.sink
-        return mine if mine is not None else self.raw
+        return self._local.st.sink
 
     def child_path(self, name: str) -> str:
         """``name`` under the innermost open stage of this thread; in a helper thread with none
         open, under the pipeline thread's (a pool decoding in ``__getitems__``: ``load/decode``)."""
-        stack = self._stacks.stack or self._main
-        return f"{stack[-1][0]}/{name}" if stack else name
+        parent = self._local.st.path
+        if parent is None:
+            parent = self._main.path
+        return name if parent is None else f"{parent}/{name}"
 
-    @property
-    def pending(self) -> bool:
-        return bool(self.sink)
-
-    def drain(self, sink: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    def drain(self, sink: dict[Any, list[int]] | None = None) -> dict[str, Any]:
         """Take what was recorded into ``sink`` (default: this thread's) since the last drain,
-        packed for transport (see ``pack``)."""
-        if sink is None:
-            sink = self.sink
-        if sink is self.raw:
-            raw, self.raw = self.raw, {}
-        else:
-            raw = dict(sink)
-            sink.clear()
-        return pack(raw, self.track, self.pid)
+        packed for transport (see ``pack``); ``events`` is 0 when there was nothing."""
+        return pack(self.sink if sink is None else sink, self.track, self.pid)
 
 
-def pack(raw: dict[str, list[int]], track: str, pid: int) -> dict[str, Any]:
-    """Records as they travel (NOTE [ Deferred aggregation ] in core/session.py): per path the
-    flat ``start, self_ns, n`` triples as int64 bytes, which pickle and unpickle as one copy.
-    A worker pays a few tens of ns per record here; the aggregation into ``Stat``s happens later,
-    in bulk, off the training loop's path."""
-    packed: dict[str, bytes] = {}
+# int64 count -> its Struct. Native ``n`` (ssize_t) where it is 8 bytes: the same bytes as ``q``,
+# but it converts a two-digit int (any clock reading) in a third of the time.
+_INT64 = "n" if struct.calcsize("n") == 8 else "q"
+_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def pack(sink: dict[Any, list[int]], track: str, pid: int) -> dict[str, Any]:
+    """Take the records out of ``sink`` as they travel (NOTE [ Deferred aggregation ] in
+    core/session.py): per key the flat ``start, self_ns`` pairs as int64 bytes, which pickle and
+    unpickle as one copy. A worker pays a few tens of ns per record here; the aggregation into
+    ``Stat``s happens later, in bulk, off the training loop's path.
+
+    Each list is swapped for an empty one, so the keys stay (a recording thread finds its list
+    at the cost of a dict read) and the sink dict is the same object (states hold it)."""
+    packed: dict[Any, bytes] = {}
     first: int | None = None
     events = 0
-    for path, flat in raw.items():
+    for key, flat in list(sink.items()):
         if not flat:
             continue
-        packed[path] = array("q", flat).tobytes()
-        lo = flat[0]  # a path's records close in the order they start (no stage nests itself)
+        sink[key] = []
+        k = len(flat)
+        s = _STRUCTS.get(k)
+        if s is None:
+            if len(_STRUCTS) >= 256:
+                _STRUCTS.clear()
+            s = _STRUCTS[k] = struct.Struct(f"{k}{_INT64}")
+        packed[key] = s.pack(*flat)
+        lo = flat[0]  # a key's records close in the order they start (no stage nests itself)
         first = lo if first is None or lo < first else first
-        events += len(flat) // 3
-    return {"raw": packed, "track": track, "pid": pid, "first_ns": first, "events": events}
+        events += k
+    return {"raw": packed, "track": track, "pid": pid, "first_ns": first, "events": events // 2}
 
 
-def aggregate(packed: list[bytes]) -> tuple[Stat, Any, Any]:
-    """One path's packed records (several drains) as a Stat, its starts and its self times."""
+def aggregate(packed: list[tuple[bytes, int]]) -> tuple[Stat, Any, Any]:
+    """One path's packed records (several drains, each chunk with its items per record) as a
+    Stat, its starts and its self times."""
     flat = array("q")
-    for chunk in packed:
+    items = None
+    for chunk, n in packed:
+        if n != 1 and items is None:
+            items = array("q", [1]) * (len(flat) // 2)
         flat.frombytes(chunk)
-    starts, durs, ns = flat[0::3], flat[1::3], flat[2::3]
-    return Stat.of_many(durs, ns), starts, durs
+        if items is not None:
+            items += array("q", [n]) * (len(chunk) // 16)
+    starts, durs = flat[0::2], flat[1::2]
+    return Stat.of_many(durs, items), starts, durs
 
 
 _recorder = Recorder()
@@ -226,28 +266,44 @@ class stage:
     ``decode``. A name may itself contain ``/``. Outside a profile this costs next to nothing.
     """
 
-    __slots__ = ("frame", "name")
+    __slots__ = ("d0", "name", "path", "prev", "sink", "st", "start")
 
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not name or name.startswith("/"):
+        if not isinstance(name, str) or not name or name[0] == "/":
             raise ValueError(f"pipeprof.stage() needs a non-empty relative name, got {name!r}")
         self.name = name
-        self.frame: list[Any] | None = None
+        self.st: _State | None = None
 
     def __enter__(self) -> None:
         rec = _recorder
         if rec.enabled:  # Recorder.open(Recorder.child_path(name)), inlined
-            stack = rec._stacks.stack
-            parent = stack or rec._main
-            path = f"{parent[-1][0]}/{self.name}" if parent else self.name
-            frame = self.frame = [path, 0, 0, stack, stack.sink]
-            stack.append(frame)
-            frame[2] = clock()
+            self.st = st = rec._local.st
+            self.prev = prev = st.path
+            key = (prev if prev is not None else rec._main.path, self.name)
+            try:
+                path = _CHILD[key]
+            except KeyError:
+                path = _child(key)
+            self.path = st.path = path
+            self.d0 = st.detached
+            self.sink = st.sink
+            self.start = clock()
 
-    def __exit__(self, *exc: object) -> None:
-        if self.frame is not None:
-            _recorder.close(self.frame)
-            self.frame = None
+    def __exit__(self, typ: object, exc: object, tb: object) -> None:
+        st = self.st
+        if st is not None:  # Recorder.close, inlined
+            dur = clock() - self.start
+            self.st = None
+            prev = st.path = self.prev
+            own = dur + self.d0 - st.detached
+            if prev is None:
+                st.detached = 0
+            sink = self.sink
+            try:
+                raw = sink[self.path]
+            except KeyError:
+                raw = sink[self.path] = []
+            raw += (self.start, own)
 
 
 def timed_call(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -270,32 +326,29 @@ class _Call:
 
 def timed_call1(path: str, fn: Any, x: Any) -> Any:
     """``fn(x)`` timed as the absolute stage ``path``: the hot path of every transform, ``load``
-    and ``collate`` (about 0.4 µs a region here, docs/overhead.md). A frame is ``[path, ns of
-    detached children]``: all a nested stage reads or writes of its parent."""
+    and ``collate`` (about 0.4 µs a region here, docs/overhead.md). ``Recorder.open`` and
+    ``close(detach=True)``, inlined (NOTE [ Stage paths and self time ])."""
     rec = _recorder
     if not rec.enabled:
         return fn(x)
-    stack = rec._stacks.stack
-    sink = stack.sink
-    frame = [path, 0]
-    stack.append(frame)
+    st = rec._local.st
+    sink = st.sink
+    prev = st.path
+    d0 = st.detached
+    st.path = path
     start = clock()
     try:
         return fn(x)
     finally:
-        dur = clock() - start
-        if stack and stack[-1] is frame:
-            stack.pop()
-        else:  # frames an exception left open above this one
-            _unwind(stack, frame)
-        if stack:
-            stack[-1][1] += dur
-        if sink is None:
-            sink = rec.raw
-        raw = sink.get(path)
-        if raw is None:
-            raw = sink.setdefault(path, [])
-        raw += (start, dur - frame[1], 1)
+        d0 += clock() - start
+        st.path = prev
+        own = d0 - st.detached
+        st.detached = d0 if prev is not None else 0
+        try:
+            raw = sink[path]
+        except KeyError:
+            raw = sink[path] = []
+        raw += (start, own)
 
 
 def stage_call1(name: str, fn: Any, x: Any) -> Any:
@@ -304,39 +357,38 @@ def stage_call1(name: str, fn: Any, x: Any) -> Any:
     rec = _recorder
     if not rec.enabled:
         return fn(x)
-    stack = rec._stacks.stack
-    parent = stack or rec._main
-    key = (parent[-1][0], name) if parent else ("", name)
-    path = _CHILD.get(key)
-    if path is None:
-        path = _CHILD.setdefault(key, f"{key[0]}/{name}" if key[0] else name)
-    sink = stack.sink
-    frame = [path, 0]
-    stack.append(frame)
+    st = rec._local.st
+    sink = st.sink
+    prev = st.path
+    key = (prev if prev is not None else rec._main.path, name)
+    try:
+        path = _CHILD[key]
+    except KeyError:
+        path = _child(key)
+    d0 = st.detached
+    st.path = path
     start = clock()
     try:
         return fn(x)
     finally:
         dur = clock() - start
-        if stack and stack[-1] is frame:
-            stack.pop()
-        else:
-            _unwind(stack, frame)
-        if sink is None:
-            sink = rec.raw
-        raw = sink.get(path)
-        if raw is None:
-            raw = sink.setdefault(path, [])
-        raw += (start, dur - frame[1], 1)
+        st.path = prev
+        own = dur + d0 - st.detached
+        if prev is None:
+            st.detached = 0
+        try:
+            raw = sink[path]
+        except KeyError:
+            raw = sink[path] = []
+        raw += (start, own)
 
 
-_CHILD: dict[tuple[str, str], str] = {}  # (parent path, name) -> child path
+_CHILD: dict[tuple[str | None, str], str] = {}  # (parent path, name) -> child path
 
 
-def _unwind(stack: list[Any], frame: list[Any]) -> None:
-    """Pop the frames above ``frame`` (an exception skipped their close) and ``frame`` itself."""
-    while stack and stack.pop() is not frame:
-        pass
+def _child(key: tuple[str | None, str]) -> str:
+    parent, name = key
+    return _CHILD.setdefault(key, name if parent is None else f"{parent}/{name}")
 
 
 def measure_overhead(batches: int = 4, paths: int = 8, per_path: int = 32) -> float:

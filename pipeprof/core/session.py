@@ -212,11 +212,12 @@ class Session:
                 time.sleep(0)  # the loop's thread may want the GIL
 
     def _fold(self, payloads: list[dict[str, Any]]) -> None:
-        by_path: dict[tuple[str, str], list[bytes]] = defaultdict(list)
+        by_path: dict[tuple[str, str], list[tuple[bytes, int]]] = defaultdict(list)
         for payload in payloads:
             track = payload["track"]
-            for path, packed in payload["raw"].items():
-                by_path[track, path].append(packed)
+            for key, packed in payload["raw"].items():  # key: a path, or (path, items each)
+                path, n = (key, 1) if isinstance(key, str) else key
+                by_path[track, path].append((packed, n))
             self.events += payload["events"]
         for (track, path), packed in by_path.items():
             stat, starts, durs = aggregate(packed)

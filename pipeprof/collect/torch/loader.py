@@ -366,10 +366,10 @@ class ProfiledLoader:
         """The main process's records: this iteration's own and, for the first profile running,
         the shared ones (the loop's ``pipeprof.stage`` regions)."""
         mine, first_profile = self._sinks
-        if mine:
-            self.session.merge(rec.drain(mine))
-        if first_profile and rec.raw:
-            self.session.merge(rec.drain(rec.raw))
+        for sink in (mine, rec.raw) if first_profile else (mine,):
+            payload = rec.drain(sink)
+            if payload["events"]:
+                self.session.merge(payload)
 
     def flush(self) -> None:
         """Bring in what the main process recorded (transfers, the user's own stages) and fold
