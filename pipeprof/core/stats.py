@@ -136,9 +136,7 @@ class Stat:
         return s
 
     @classmethod
-    def of_many(
-        cls, durations_ns: Sequence[int], items: Sequence[int] | None = None
-    ) -> Stat:
+    def of_many(cls, durations_ns: Sequence[int], items: Sequence[int] | None = None) -> Stat:
         """A Stat of many observations at once (vectorised with NumPy when it is installed).
         ``durations_ns`` and ``items`` are sequences of ints: lists, or ``array('q')``s, which
         NumPy reads without a copy."""
