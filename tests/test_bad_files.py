@@ -210,9 +210,23 @@ def test_extra_keys_are_ignored(saved, tmp_path):
     assert pipeprof.load(extra).to_dict() == report.to_dict()
     loop = json.loads(LOOP.read_text())
     loop["session"]["loop"]["added_later"] = 1
-    loop["session"]["loop"]["first"]["wait"]["__stat__"]["added_later"] = 1
+    loop["session"]["loop"]["first"]["wait"]["added_later"] = 1
     (tmp_path / "loop.json").write_text(json.dumps(loop))
     assert pipeprof.load(tmp_path / "loop.json").to_dict() == pipeprof.load(LOOP).to_dict()
+
+
+def test_a_file_from_an_older_pipeprof_loads_and_reads_as_it_did():
+    """Recorded before the wait was split and before LoopRecord (Stats tagged ``__stat__``): it
+    loads, its wait counts as starved, and the verdict and finding read as they did then."""
+    old = pipeprof.load(LOOP.with_name("session-loop-old.json")).to_dict()
+    loop = old["loop"]
+    assert "__stat__" in LOOP.with_name("session-loop-old.json").read_text()
+    assert loop["steps"] == 20 and not loop["wait_split_known"]
+    assert loop["starved_s"] == loop["wait_s"] > 0 and loop["handover_s"] == 0
+    assert old["verdict"]["kind"] == "input-bound" and old["verdict"]["cause"] == "starved"
+    assert old["verdict"]["stage"] == "load/decode"
+    assert "workers-needed" in {f["id"] for f in old["findings"]}
+    assert "the wait" not in str(pipeprof.load(LOOP.with_name("session-loop-old.json")))
 
 
 def test_plain_report_json_that_is_damaged_is_named_by_compare(saved, tmp_path):
