@@ -100,7 +100,7 @@ def test_older_session_files_load_with_defaults(tmp_path):
 def test_text_summary_fits_80_columns_and_names_stages(report):
     text = report.render("text")
     assert max(len(line) for line in text.splitlines()) <= 80
-    for word in ("load", "transform", "Scale", "collate", "worker0", "worker1", "overhead"):
+    for word in ("load", "transform", "Scale", "collate", "worker0", "worker1", "own work"):
         assert word in text
     assert "\x1b[" not in text  # plain when not a terminal
 

@@ -488,3 +488,22 @@ def test_ready_batches_wait_in_the_hand_over_and_the_verdict_names_no_stage():
         assert "uint8" in f["fix"]
     else:
         assert verdict["kind"] == "compute-bound"
+
+
+@pytest.mark.timing
+def test_a_busy_sampler_is_named_with_the_rate_that_fits():
+    """200 samples a second keep the host sampler's thread busy well past 2 % of a core: the
+    finding says so, from the thread's own CPU clock, and names the setting to lower."""
+    loader = DataLoader(CostDataset(60, load_ms=2.0), batch_size=4, num_workers=1)
+    prof = pipeprof.Profiler(sample_hz=200)
+    with prof:
+        for _ in prof.wrap(loader):
+            time.sleep(0.02)
+    report = prof.report().to_dict()
+    over = report["overhead"]
+    assert over["sampler_s"] > 0 and over["sampler_cores"] == pytest.approx(
+        over["sampler_s"] / report["wall_s"], rel=0.01
+    )
+    f = findings(report)["profiler-overhead"]
+    assert f["evidence"]["sampler_cores"] >= 0.02 and "sample_hz" in f["fix"]
+    assert over["estimated_s"] >= over["sampler_s"] + over["main_s"]
