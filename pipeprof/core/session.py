@@ -174,7 +174,10 @@ class Session:
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
     _pending: deque[dict[str, Any]] = field(default_factory=deque, repr=False, compare=False)
-    _pending_events: int = field(default=0, repr=False, compare=False)
+    # records queued (written by the thread that merges) and folded (under ``_lock``): two
+    # counters, each with one writer, so no update is lost between the threads
+    _queued: int = field(default=0, repr=False, compare=False)
+    _folded: int = field(default=0, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
     _settler: threading.Thread | None = field(default=None, repr=False, compare=False)
     _span_chunks: deque[tuple[str, str, Any, Any]] = field(
@@ -188,12 +191,17 @@ class Session:
         """Queue a recorder drain (``Recorder.drain``) for ``settle`` (NOTE [ Deferred
         aggregation ]): what the training loop's thread pays per batch is this append."""
         self._pending.append(payload)
-        self._pending_events += payload["events"]
-        if self._pending_events >= SETTLE_EVENTS and self._settler is None:
+        self._queued += payload["events"]
+        if self._queued - self._folded >= SETTLE_EVENTS and self._settler is None:
             self._settler = threading.Thread(
                 target=self._settle_behind, name="pipeprof-settle", daemon=True
             )
             self._settler.start()
+
+    @property
+    def pending_events(self) -> int:
+        """Records queued and not folded in yet."""
+        return self._queued - self._folded
 
     def settle(self, chunk: int | None = None) -> None:
         """Fold the queued drains into ``stages``, ``spans`` and ``events``; with ``chunk``, a
@@ -206,7 +214,7 @@ class Session:
                     payload = self._pending.popleft()
                     taken.append(payload)
                     n += payload["events"]
-                self._pending_events -= n
+                self._folded += n
                 self._fold(taken)
             if chunk is not None:
                 time.sleep(0)  # the loop's thread may want the GIL
