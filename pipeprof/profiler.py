@@ -22,7 +22,11 @@ from pipeprof.report import Report
 
 
 class Wrapped:
-    """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) of the data."""
+    """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) of the data.
+
+    A drop-in for the data it wraps: reading any other attribute reads the wrapped object's
+    (``loader.dataset``, ``batch_size``, ``sampler``, ``num_workers``...), so code that logs
+    ``len(loader.dataset)`` or checks ``loader.batch_size`` works on it unchanged."""
 
     def __init__(self, profiler: Profiler, data: Any, source: Iterable[Any]) -> None:
         self._profiler = profiler
@@ -41,6 +45,11 @@ class Wrapped:
 
     def __len__(self) -> int:
         return len(self._data)  # the data's own TypeError when it has no length
+
+    def __getattr__(self, name: str) -> Any:  # only for names Wrapped does not have itself
+        if name.startswith("__") or "_data" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self._data, name)
 
 
 class Profiler:
@@ -107,8 +116,11 @@ class Profiler:
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> Profiler:
+        """Start profiling. Starting a running Profiler does nothing (``wrap()`` starts it, and
+        a framework's start hook may call ``start()`` too); one that has stopped cannot start
+        again (one Profiler covers one continuous run)."""
         if self._running:
-            raise RuntimeError("this Profiler is already running")
+            return self
         if self.session.start_ns:
             raise RuntimeError(
                 "this Profiler has already profiled a run and stopped: one Profiler covers one "

@@ -249,3 +249,25 @@ def test_step_time_counts_a_user_transfer_region_once():
     parts = (loop["steady"]["wall_s"]) / loop["steady"]["steps"] * 1e3
     assert step == pytest.approx(parts, rel=0.02)  # the step is the sum of its parts
     assert 20 <= step < 26
+
+
+def test_the_wrapped_loader_is_a_drop_in_and_a_second_start_is_harmless():
+    """Code written for the loader reads its attributes through what ``wrap()`` returns, and a
+    framework's start hook may call ``start()`` on a Profiler that ``wrap()`` started."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(40.0))
+    loader = DataLoader(data, batch_size=8, num_workers=0)
+    prof = pipeprof.Profiler(sample_hz=0)
+    wrapped = prof.wrap(loader)  # starts the Profiler
+    assert prof.start() is prof  # a start hook's own start: nothing happens
+    assert wrapped.dataset is loader.dataset and len(wrapped.dataset) == 40
+    assert (wrapped.batch_size, wrapped.num_workers, wrapped.drop_last) == (8, 0, False)
+    assert wrapped.sampler is loader.sampler and len(wrapped) == 5
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        wrapped.no_such_attribute  # noqa: B018
+    with prof:  # the `with` of a loop that also wraps: the same run
+        assert sum(len(b[0]) for b in wrapped) == 40
+    assert prof.report()["loop"]["steps"] == 5
+    with pytest.raises(RuntimeError, match="one Profiler covers one continuous run"):
+        prof.start()

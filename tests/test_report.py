@@ -113,3 +113,11 @@ def test_html_is_self_contained(report):
     assert report._repr_html_().startswith("<style>")
     bundle = report._repr_mimebundle_()
     assert {"text/html", "text/plain"} <= bundle.keys()
+
+
+def test_the_summary_names_the_worker_count_as_people_say_it():
+    alone = pipeprof.profile(DataLoader(CostDataset(8), batch_size=4))
+    one = pipeprof.profile(DataLoader(CostDataset(8), batch_size=4, num_workers=1))
+    assert "no workers (loading in the main process)" in str(alone)
+    assert "1 worker (" in str(one) and "1 workers" not in str(one)
+    assert "no workers" in alone._repr_html_() and "1 worker (" in one._repr_html_()

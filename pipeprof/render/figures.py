@@ -95,6 +95,16 @@ def wait_split(data: dict[str, Any]) -> str | None:
     )
 
 
+def workers_phrase(meta: dict[str, Any]) -> str:
+    """``2 workers (fork)``, ``1 worker (spawn)``, or ``no workers (loading in the main
+    process)``."""
+    n = int(meta.get("num_workers") or 0)
+    if not n:
+        return "no workers (loading in the main process)"
+    how = meta.get("multiprocessing_context") or "default"
+    return f"{n} worker{'s' if n != 1 else ''} ({how})"
+
+
 def _size(mb: float) -> str:
     return f"{num(mb)} MB" if mb >= 1 else f"{num(mb * 1e3)} kB"
 

@@ -24,6 +24,7 @@ from pipeprof.render.figures import (
     util,
     visible,
     wait_split,
+    workers_phrase,
 )
 
 CSS = """
@@ -164,7 +165,7 @@ def _describe(data: dict[str, Any]) -> str:
     if meta.get("dataset"):
         bits.append(f"dataset {meta['dataset']}")
     if "num_workers" in meta:
-        bits.append(f"{meta.get('num_workers') or 0} workers, batch {meta.get('batch_size')}")
+        bits.append(f"{workers_phrase(meta)}, batch {meta.get('batch_size')}")
     bits.append(
         f"{data.get('batches')} batches, {data.get('samples')} samples in "
         f"{num(data.get('wall_s'))} s"

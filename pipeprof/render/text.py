@@ -34,6 +34,7 @@ from pipeprof.render.figures import (
     util,
     visible,
     wait_split,
+    workers_phrase,
 )
 
 MAX_WIDTH = 80
@@ -125,9 +126,8 @@ def overview(data: dict[str, Any]) -> RenderableType:
     if "num_workers" in meta:
         t.add_row(
             "loader",
-            f"{meta.get('num_workers') or 0} workers"
-            f" ({meta.get('multiprocessing_context') or 'default'}), batch "
-            f"{meta.get('batch_size')}, pin_memory={meta.get('pin_memory')}",
+            f"{workers_phrase(meta)}, batch {meta.get('batch_size')}, "
+            f"pin_memory={meta.get('pin_memory')}",
         )
     return t
 
