@@ -16,7 +16,7 @@ Two loops, each a DataLoader and a GPU-like step (a sleep: the CPU is free while
            steady rate measured (after every worker's first batch). Reported: delivered /
            promised, per round.
 
-    .venv/bin/python benchmarks/wait_split.py                       # 7 rounds, ~1 minute
+    .venv/bin/python benchmarks/wait_split.py                       # 12 rounds, ~2 minutes
     .venv/bin/python benchmarks/wait_split.py --rounds 11 --json wait_split.json
 """
 
@@ -130,7 +130,7 @@ def storage_round(samples: int, step_s: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--step-ms", type=float, default=30.0)
     ap.add_argument("--json", help="write every round's figures here")
     args = ap.parse_args(argv)
