@@ -507,3 +507,20 @@ def test_a_busy_sampler_is_named_with_the_rate_that_fits():
     f = findings(report)["profiler-overhead"]
     assert f["evidence"]["sampler_cores"] >= 0.02 and "sample_hz" in f["fix"]
     assert over["estimated_s"] >= over["sampler_s"] + over["main_s"]
+
+
+@pytest.mark.timing
+def test_on_a_compute_bound_loop_stage_findings_are_informational():
+    """A transform takes most of the pipeline's time, but the loop computes 80 ms a step while
+    two workers make a batch in about 8: the finding stays, as information that says why."""
+    loader = DataLoader(CostDataset(48, transform=Cost(2.0, sleep=True)), batch_size=4,
+                        num_workers=2)  # fmt: skip
+    report, _ = run_loop(loader, [("Forward", 80.0)], warm=2)
+    assert report["verdict"]["kind"] == "compute-bound"
+    f = findings(report)["dominant-stage"]
+    assert f["severity"] == "info" and f["stage"] == "transform/Cost"
+    assert "compute-bound: this does not slow training now" in f["message"]
+    alone = pipeprof.profile(loader).to_dict()  # no loop: the pipeline's speed is the question
+    g = findings(alone)["dominant-stage"]
+    assert g["severity"] == "warning" and "compute-bound" not in g["message"]
+    assert "on the GPU" not in g["fix"]  # no GPU here: the fix does not send work to one

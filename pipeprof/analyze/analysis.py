@@ -82,6 +82,8 @@ def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[
         verdict = loop_verdict(report, facts) if loop else loader_verdict(report, facts)
     report["verdict"] = verdict  # rules read it
     found = [f for rule in RULES if (f := rule(report, facts)) is not None]
+    if verdict["kind"] == "compute-bound":
+        found = [_not_now(f) if f["id"] in PIPELINE_ONLY else f for f in found]
     found.sort(key=lambda f: SEVERITY_ORDER.get(f["severity"], 3))
     return verdict, found, what_if(report, facts)
 
@@ -106,6 +108,19 @@ def wait_section(session: Session) -> dict[str, Any]:
         else None,
         "split_known": bool(session.meta.get("wait_split")),
         "batch_mb": round(size.total_ns / size.count / 1e6, 6) if size.count else None,
+    }
+
+
+# Findings about the pipeline's own speed: on a compute-bound loop they save no training time.
+PIPELINE_ONLY = {"dominant-stage", "no-workers", "workers-saturated", "worker-imbalance"}
+
+
+def _not_now(f: Finding) -> Finding:
+    """A pipeline finding on a compute-bound loop: informational, and it says why."""
+    return {
+        **f,
+        "severity": "info",
+        "message": f["message"] + " (the loop is compute-bound: this does not slow training now)",
     }
 
 

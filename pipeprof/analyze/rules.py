@@ -51,9 +51,10 @@ def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     if path in _FIXES:
         fix = _FIXES[path]
     elif path.startswith("transform/"):
+        where = " on the GPU" if _has_gpu(report) else ""
         fix = (
-            f"{path.split('/')[-1]} runs on the CPU once per sample: apply it to whole batches on "
-            "the GPU (torchvision.transforms.v2 works on batched tensors), precompute it offline "
+            f"{path.split('/')[-1]} runs once per sample: apply it to whole batches{where} "
+            "(torchvision.transforms.v2 works on batched tensors), precompute it offline "
             "if it is deterministic, or make it cheaper"
         )
     elif path.startswith("transfer/"):
@@ -73,6 +74,12 @@ def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         },
         fix,
     )
+
+
+def _has_gpu(report: dict[str, Any]) -> bool:
+    """The run has a GPU to move work to: one was sampled, or batches went to a CUDA device."""
+    device = str((report.get("meta") or {}).get("device") or "")
+    return bool((report.get("gpu") or {}).get("available")) or device.startswith("cuda")
 
 
 def rule_more_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:

@@ -73,7 +73,7 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
     if model is None:
         return []
     basis = "model from this profile's stage times" + (
-        ", workers' CPU share measured"
+        ", the loading processes' CPU share measured"
         if _worker_cpu_share(report) is not None
         else ", stages taken as CPU-bound (pipeprof.bench measures their CPU time)"
     )
