@@ -262,3 +262,18 @@ class BigSamples(Dataset):
 
     def __getitem__(self, i: int):
         return torch.full((self.numel,), float(i))
+
+
+class TorchWork:
+    """A transform that computes ``ms`` of this thread's CPU in torch (matrix products, which
+    release the GIL as real tensor transforms do), then returns its input unchanged."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __call__(self, x):
+        a = torch.ones(128, 128)
+        end = time.thread_time_ns() + int(self.ms * 1e6)
+        while time.thread_time_ns() < end:
+            a = torch.mm(a, a).clamp_(max=1.0)
+        return x

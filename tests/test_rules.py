@@ -29,6 +29,8 @@ from pipelines import (
     SkewedIterable,
     SlowInit,
     TickDataset,
+    TorchWork,
+    spin,
     truth,
 )
 from torch.utils.data import DataLoader
@@ -310,23 +312,38 @@ def test_cpu_oversubscribed_when_workers_outnumber_cores(cores, workers):
     assert "num_workers=1" in f["fix"]
 
 
-@pytest.mark.parametrize("extra", [1, 0])  # 1 worker + cores threads: one too many; then none
-def test_threads_oversubscribed_in_a_loop(threads, extra):
+def spin_loop(loader, step_ms: float):
+    """A CPU training step: ``step_ms`` of this thread's CPU per batch."""
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(loader):
+            with prof.region("Forward"):
+                spin(step_ms)
+    return prof.report().to_dict()
+
+
+@pytest.mark.timing
+def test_threads_oversubscribed_only_on_evidence_of_contention(threads):
+    """More threads than cores is not by itself a problem: a compute-bound CPU loop with idle
+    workers gets no finding (following it slowed such a run by 25 %); a starved loop whose
+    cores are full gets a hint, not a promise."""
     n_cores = os.cpu_count() or 1
-    n_threads = max(1, n_cores - 1 + extra)
-    threads(n_threads)
-    loader = DataLoader(CostDataset(8), batch_size=2, num_workers=1)
-    report, _ = run_loop(loader, [("Forward", 1.0)])
-    found = findings(report)
-    if 1 + n_threads <= n_cores:
-        assert "threads-oversubscribed" not in found
-        return
-    f = found["threads-oversubscribed"]
-    assert (f["severity"], f["stage"]) == ("warning", None)
-    assert f["evidence"] == {"num_workers": 1, "torch_threads": n_threads, "cores": n_cores}
-    assert f"set_num_threads({max(1, n_cores - 1)})" in f["fix"]
+    threads(n_cores)
+    idle = DataLoader(CostDataset(24), batch_size=2, num_workers=1)
+    report = spin_loop(idle, 50.0)
+    assert report["verdict"].get("cause") != "starved"  # compute-bound, or the hand-over alone
+    assert "threads-oversubscribed" not in findings(report)
+    n = n_cores + 1  # workers computing in torch, and the training step: more than the cores
+    busy = DataLoader(CostDataset(40 * n, transform=TorchWork(8.0)), batch_size=2, num_workers=n)
+    report = spin_loop(busy, 6.0)
+    assert report["verdict"]["kind"] == "input-bound"  # starved, or slow hand-overs: full cores
+    f = findings(report)["threads-oversubscribed"]
+    ev = f["evidence"]
+    assert f["severity"] == "info" and f["fix"].startswith("worth trying, not measured")
+    assert ev["main_cores"] + ev["worker_cores"] >= 0.85 * n_cores
+    assert (ev["num_workers"], ev["torch_threads"], ev["cores"]) == (n, n_cores, n_cores)
     # a loader profiled alone has no training process to oversubscribe
-    assert "threads-oversubscribed" not in findings(pipeprof.profile(loader).to_dict())
+    assert "threads-oversubscribed" not in findings(pipeprof.profile(busy).to_dict())
 
 
 # ---- the pipeline: dominant stage, imbalance, start-up, pipeprof's own overhead ----------------
