@@ -385,7 +385,7 @@ def rule_threads(report: dict[str, Any], facts: dict[str, Any]) -> Finding | Non
             "cores": cores,
             "main_cores": round(main_cores, 3),
             "worker_cores": round(worker_cores, 3),
-        },  # fmt: skip
+        },
         f"worth trying, not measured: torch.set_num_threads({max(1, cores - n)}) in the training "
         "process leaves the workers more CPU, but may slow its compute; compare the two runs",
     )

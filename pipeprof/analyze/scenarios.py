@@ -45,8 +45,8 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     size = max(1, round(samples / batches))
     # the main process receives one batch at a time: the measured hand-over per batch is the
     # floor of its time between batches, whatever the worker count
-    main = (report.get("wait") or {}).get("handover_ms_per_batch") or 0.0
-    return Model(tuple(stages), size, float(cores), 0.0, collate, collate, main_ms=main)
+    handover = (report.get("wait") or {}).get("handover_ms_per_batch") or 0.0
+    return Model(tuple(stages), size, float(cores), 0.0, collate, collate, handover_ms=handover)
 
 
 def _worker_cpu_share(report: dict[str, Any]) -> float | None:

@@ -56,7 +56,8 @@ class Model:
     part of its parent's, so only stages without an ancestor in the tuple add up. Per batch:
     ``collate_*_ms`` is ``collate_fn``, ``send_ms`` a worker's CPU to hand the batch over
     (moving tensors to shared memory, pickling), ``main_ms`` the main process's CPU to receive
-    it. ``cores`` is the usable cores, ``background`` the runnable tasks of other programs.
+    it, ``handover_ms`` the measured wall time from a batch being ready to its arrival (latency
+    more than CPU: it caps the rate at one batch per ``handover_ms``, it does not load a core). ``cores`` is the usable cores, ``background`` the runnable tasks of other programs.
     """
 
     stages: tuple[StageCost, ...]
@@ -67,6 +68,7 @@ class Model:
     collate_cpu_ms: float = 0.0
     send_ms: float = 0.0
     main_ms: float = 0.0
+    handover_ms: float = 0.0  # wall time per batch from ready to received: a serial floor
 
     def roots(self) -> list[StageCost]:
         paths = {s.path for s in self.stages}
@@ -129,6 +131,9 @@ def solve(model: Model, workers: int) -> dict[str, Any]:
     limit = "workers" if s <= 1.0001 else shared
     if m > 0 and 1.0 / (m * s) <= workers_rate(s):
         limit = "main process"
+    h = model.handover_ms if model.handover_ms > 0 and workers > 0 else 0.0
+    if h and 1.0 / h < x:  # the main process takes one batch at a time, each after its hand-over
+        x, limit = 1.0 / h, "hand-over"
     return {"samples_per_s": x * model.batch_size * 1e3, "stretch": s, "fair_stretch": s_fair,
             "limit": limit}  # fmt: skip
 
