@@ -57,7 +57,8 @@ class Model:
     ``collate_*_ms`` is ``collate_fn``, ``send_ms`` a worker's CPU to hand the batch over
     (moving tensors to shared memory, pickling), ``main_ms`` the main process's CPU to receive
     it, ``handover_ms`` the measured wall time from a batch being ready to its arrival (latency
-    more than CPU: it caps the rate at one batch per ``handover_ms``, it does not load a core). ``cores`` is the usable cores, ``background`` the runnable tasks of other programs.
+    more than CPU: it caps the rate at one batch per ``handover_ms``, it does not load a core).
+    ``cores`` is the usable cores, ``background`` the runnable tasks of other programs.
     """
 
     stages: tuple[StageCost, ...]
