@@ -376,9 +376,9 @@ def rule_threads(report: dict[str, Any], facts: dict[str, Any]) -> Finding | Non
         "threads-oversubscribed",
         "info",
         None,
-        f"the cores were full while the loop waited for data: the training process used "
-        f"{main_cores:.2g} cores ({threads} intra-op threads) and {n} workers {worker_cores:.2g}, "
-        f"of {cores}",
+        f"the cores were full while the loop waited for data: of {cores} cores, the training "
+        f"process ({threads} intra-op threads) used {main_cores:.2g} and its {n} workers "
+        f"{worker_cores:.2g}",
         {
             "num_workers": n,
             "torch_threads": threads,
