@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeprof.collect.loop import GenericSource, StepLog, h2d_ns, run_alone
+from pipeprof.collect.loop import GenericSource, StepLog, run_alone
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
@@ -224,7 +224,7 @@ class Profiler:
         return GenericSource(data, self.session)
 
     def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
-        s, log = self.session, self._steps_log
+        log = self._steps_log
         log.record.epochs += 1
         it = iter(source)
         warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
@@ -239,7 +239,7 @@ class Profiler:
                 if handed:
                     gpu_start = self._gpu_mark(gpu_start, end=True)
                     log.end(handed, t_req)
-                h2d_before = h2d_ns(s) if moves else 0
+                copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
                 try:
                     batch = next(it)
@@ -247,7 +247,7 @@ class Profiler:
                     handed = 0
                     return
                 t_got = clock()
-                transfer = (h2d_ns(s) - h2d_before) if moves else 0
+                transfer = (source.transfer_ns - copied_before) if moves else 0  # type: ignore[attr-defined]
                 own = (source.own_ns - own_before) if split else 0  # type: ignore[attr-defined]
                 wait = max(0, t_got - t_req - transfer - own)
                 starved = min(wait, source.last_starved) if split else wait  # type: ignore[attr-defined]
@@ -339,6 +339,8 @@ class Profiler:
         """Save the session to ``stream``. A write that fails (folder removed, disk full) warns
         once and leaves a note; it never raises into the loop or masks the loop's exception."""
         assert self.stream is not None
+        if not self.session.overhead_ns:  # a snapshot says what a region costs, too
+            self.session.overhead_ns = measure_overhead()
         try:
             self.session.save(self.stream)
         except OSError as exc:

@@ -277,3 +277,18 @@ class TorchWork:
         while time.thread_time_ns() < end:
             a = torch.mm(a, a).clamp_(max=1.0)
         return x
+
+
+class SlowCopy:
+    """A batch whose ``.to(device)`` takes ``ms`` (a sleep): a host-to-device copy of known cost."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def to(self, device, non_blocking: bool = False):
+        time.sleep(self.ms / 1e3)
+        return self
+
+
+def slow_copy_collate(samples):
+    return SlowCopy(10.0)

@@ -288,6 +288,13 @@ def test_rings_stay_bounded_and_aggregates_exact(tmp_path, small_rings):
     s = report.session
     assert len(s.spans) == 50 and s.spans.maxlen == 50
     assert [b[0] for b in s.batch_ring] == [35, 36, 37, 38, 39]  # the most recent batches
+    # the ring keeps the latest spans by time, of every kind: stages, waits, hand-overs
+    starts = [sp[2] for sp in s.spans]
+    assert starts == sorted(starts)
+    kinds = {sp[1] for sp in s.spans}
+    assert {"load", "transform/Scale", "collate"} <= kinds and any("__next__" in k for k in kinds)
+    last_batch = max(sp[2] for sp in s.spans if sp[1] == "collate")
+    assert all(sp[2] > last_batch - 10**9 for sp in s.spans)
     stages = report["stages"]
     for stage, n in calls.items():
         assert stages[stage]["count"] == n, stage

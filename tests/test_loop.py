@@ -271,3 +271,24 @@ def test_the_wrapped_loader_is_a_drop_in_and_a_second_start_is_harmless():
     assert prof.report()["loop"]["steps"] == 5
     with pytest.raises(RuntimeError, match="one Profiler covers one continuous run"):
         prof.start()
+
+
+def test_the_copy_to_the_device_is_transfer_never_wait():
+    """Each batch's copy takes 10 ms (``SlowCopy``) and each step computes 5 ms: the report
+    counts the copy once, as transfer, and leaves the wait to what the loader took."""
+    from pipelines import CostDataset, slow_copy_collate
+
+    loader = DataLoader(CostDataset(40), batch_size=4, num_workers=1, collate_fn=slow_copy_collate)
+    prof = pipeprof.Profiler(device="cpu", sample_hz=0)
+    t0 = time.perf_counter()
+    with prof:
+        for _ in prof.wrap(loader):
+            with prof.region("Forward"):
+                time.sleep(0.005)
+    wall = time.perf_counter() - t0
+    loop = prof.report()["loop"]
+    steps = loop["steps"]
+    assert steps == 10
+    assert 0.010 * steps <= loop["transfer_s"] <= 0.016 * steps
+    assert loop["steady"]["wait_s"] < 0.004 * loop["steady"]["steps"]  # workers were ahead
+    assert loop["wall_s"] <= wall  # nothing counted twice

@@ -38,12 +38,12 @@ def _fractions(p: dict[str, float], part: dict[str, Stat]) -> dict[str, Any]:
 def wait_split(part: dict[str, Stat], wait_s: float, wall_s: float) -> dict[str, Any]:
     """The wait of a group of steps as *starved* (the batch was not ready) and *hand-over* (it
     was, and was being moved): NOTE [ Wait, split ] in collect/torch/loader.py. ``wait_s`` may
-    be less than recorded (moved to GPU compute); the split shrinks in proportion. A file from
-    before the split has none: all of its wait is starved, as the verdict read it then."""
-    recorded = part["wait"].total_ns
-    starved_ns = part["starved"].total_ns if part["starved"].count else recorded
-    scale = wait_s * 1e9 / recorded if recorded else 0.0
-    starved = starved_ns * scale / 1e9
+    be less than recorded (moved to GPU compute: the GPU was still busy when the loop asked,
+    the first part of a wait, so it comes off the starved part first). A file from before the
+    split has none: all of its wait is starved, as the verdict read it then."""
+    recorded = part["wait"].total_ns / 1e9
+    starved_rec = part["starved"].total_ns / 1e9 if part["starved"].count else recorded
+    starved = max(0.0, starved_rec - max(0.0, recorded - wait_s))
     handover = max(0.0, wait_s - starved)
     steps = part["wait"].count
     return {

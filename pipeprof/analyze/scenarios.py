@@ -46,6 +46,8 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     # the main process receives one batch at a time: the measured hand-over per batch is the
     # floor of its time between batches, whatever the worker count
     handover = (report.get("wait") or {}).get("handover_ms_per_batch") or 0.0
+    if not (report.get("meta") or {}).get("num_workers"):  # no workers, no hand-over to measure
+        handover = 0.0
     return Model(tuple(stages), size, float(cores), 0.0, collate, collate, handover_ms=handover)
 
 

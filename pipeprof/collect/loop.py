@@ -155,13 +155,6 @@ def run_alone(source: Iterable[Any], session: Session, batches: int | None) -> N
         it.close()  # type: ignore[attr-defined]
 
 
-def h2d_ns(session: Session) -> int:
-    """Host-to-device time recorded so far: the collectors merge each copy into the session
-    before they hand the batch over."""
-    done = session.stages.get("main", {}).get("transfer/h2d")
-    return done.total_ns if done is not None else 0
-
-
 class GenericSource:
     """Any iterable of batches: the pipeline is opaque, only the consumer's wait is known."""
 

@@ -222,6 +222,7 @@ def pack(sink: dict[Any, list[int]], track: str, pid: int) -> dict[str, Any]:
         if not flat:
             continue
         sink[key] = []
+        flat = flat[:]  # a helper thread that found the old list may still append to it
         k = len(flat)
         s = _STRUCTS.get(k)
         if s is None:
@@ -229,7 +230,7 @@ def pack(sink: dict[Any, list[int]], track: str, pid: int) -> dict[str, Any]:
                 _STRUCTS.clear()
             s = _STRUCTS[k] = struct.Struct(f"{k}{_INT64}")
         packed[key] = s.pack(*flat)
-        lo = flat[0]  # a key's records close in the order they start (no stage nests itself)
+        lo = flat[0]  # one thread's records of a key close in the order they start
         first = lo if first is None or lo < first else first
         events += k
     return {"raw": packed, "track": track, "pid": pid, "first_ns": first, "events": events // 2}

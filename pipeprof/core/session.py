@@ -179,10 +179,13 @@ class Session:
     _queued: int = field(default=0, repr=False, compare=False)
     _folded: int = field(default=0, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
+    # guards ``events`` and ``costs``, which the loop's thread and the settling thread both add to
+    # (never held for long: the loop's thread must not wait on a fold)
+    _counts: Any = field(default_factory=threading.Lock, repr=False, compare=False)
     _settler: threading.Thread | None = field(default=None, repr=False, compare=False)
-    _span_chunks: deque[tuple[str, str, Any, Any]] = field(
+    _span_chunks: deque[list[tuple[str, str, Any, Any]]] = field(
         default_factory=deque, repr=False, compare=False
-    )  # folded, not yet tuples: (track, path, starts, durations)
+    )  # folded, not yet tuples: per fold, [(track, path, starts, durations)...]
     _span_count: int = field(default=0, repr=False, compare=False)
 
     # ---- collection ---------------------------------------------------------------------
@@ -226,7 +229,9 @@ class Session:
             for key, packed in payload["raw"].items():  # key: a path, or (path, items each)
                 path, n = (key, 1) if isinstance(key, str) else key
                 by_path[track, path].append((packed, n))
-            self.events += payload["events"]
+        with self._counts:
+            self.events += sum(payload["events"] for payload in payloads)
+        fold: list[tuple[str, str, Any, Any]] = []
         for (track, path), packed in by_path.items():
             stat, starts, durs = aggregate(packed)
             mine = self.stages.setdefault(track, {})
@@ -235,11 +240,17 @@ class Session:
                 mine[path] = stat
             else:
                 have.merge(stat)
-            self._span_chunks.append((track, path, starts, durs))
+            fold.append((track, path, starts, durs))
             self._span_count += len(durs)
+        self._span_chunks.append(fold)
+        # whole folds (one time window, every path) older than the ring could keep: dropped
         limit = self.spans.maxlen or 0
-        while limit and len(self._span_chunks) > 1 and self._span_count > limit:
-            self._span_count -= len(self._span_chunks.popleft()[3])  # older than the ring keeps
+        while limit and len(self._span_chunks) > 1:
+            oldest = sum(len(c[3]) for c in self._span_chunks[0])
+            if self._span_count - oldest < limit:
+                break
+            self._span_count -= oldest
+            self._span_chunks.popleft()
 
     def _settle_behind(self) -> None:
         t0 = time.thread_time_ns()
@@ -254,16 +265,23 @@ class Session:
         background settle changes ``stages`` or ``spans`` while the block reads them."""
         self.settle()
         with self._lock:
-            while self._span_chunks:  # raw spans become tuples only when something reads them
-                track, path, starts, durs = self._span_chunks.popleft()
-                keep = self.spans.maxlen or len(durs)
-                self.spans.extend(zip(repeat(track), repeat(path), starts[-keep:], durs[-keep:]))
-            self._span_count = 0
+            if self._span_chunks:  # raw spans become tuples only when something reads them
+                spans = list(self.spans)
+                for fold in self._span_chunks:
+                    for track, path, starts, durs in fold:
+                        spans.extend(zip(repeat(track), repeat(path), starts, durs))
+                spans.sort(key=_start)  # the ring keeps the latest, whoever recorded them
+                self.spans.clear()
+                self.spans.extend(spans)
+                self._span_chunks.clear()
+                self._span_count = 0
         return self._lock
 
     def add_cost(self, where: str, ns: int) -> None:
-        """pipeprof's own cost, measured (``costs``: main_ns, settle_ns, worker_ns...)."""
-        self.costs[where] = self.costs.get(where, 0) + ns
+        """pipeprof's own cost, measured, in ``costs``: ``main_ns`` (bookkeeping inside
+        ``next()``), ``pack_ns``, ``settle_ns``, ``sampler_ns``, ``setup_ns``."""
+        with self._counts:
+            self.costs[where] = self.costs.get(where, 0) + ns
 
     def add(self, track: str, path: str, ns: int, n: int = 1) -> None:
         """Record one timing measured outside a recorder (the pin-memory thread, say)."""
@@ -271,7 +289,8 @@ class Session:
         if stat is None:
             stat = self.stages[track][path] = Stat()
         stat.add(ns, n)
-        self.events += 1
+        with self._counts:
+            self.events += 1
 
     def add_batch(
         self,
@@ -436,6 +455,10 @@ class Session:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the session as JSON (atomically: a crash never leaves half a file)."""
         return write_atomic(path, json.dumps({"session": self.to_dict()}))
+
+
+def _start(span: tuple[str, str, int, int]) -> int:
+    return span[2]
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:

@@ -82,6 +82,7 @@ class ProfiledDataset:
         self.session = session
         self.device = device
         self.h2d = device  # non-None when batches are moved (Profiler.wrap reads this)
+        self.transfer_ns = 0  # time spent copying batches so far
         self.trace = trace
         self.trace_batches = trace_batches
         session.framework = "tf"
@@ -139,6 +140,7 @@ class ProfiledDataset:
         with tf.device(self.device):
             out = tf.nest.map_structure(tf.identity, element)
         ns = clock() - t0
+        self.transfer_ns += ns  # every copy is the step's transfer (Profiler._steps)
         if self.copies == "all" or self._tracing or not self.session.meta["tf"].get("traced"):
             self.session.add("main", "transfer/h2d", ns)
             self.session.spans.append(("main", "transfer/h2d", t0, ns))
