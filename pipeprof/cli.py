@@ -260,14 +260,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (TypeError, NotImplementedError) as exc:  # what the target gave is not benchmarkable
         raise ValueError(str(exc)) from exc
     if fmt == "text" and not args.output:
-        Console().print(b, *(repr(p) for p in asked))
+        Console().print(b, *(f"predicted: {p}" for p in asked))
         return 0
     if fmt == "json":
         text = json.dumps({**b.to_dict(), "asked": [p.to_dict() for p in asked]}, indent=2)
     elif fmt == "html":
-        text = with_lines(b.render(fmt), "predictions asked for", [repr(p) for p in asked])
+        text = with_lines(b.render(fmt), "predictions asked for", [str(p) for p in asked])
     else:
-        text = b.render(fmt) + "".join(f"{p!r}\n" for p in asked)
+        text = b.render(fmt) + "".join(f"predicted: {p}\n" for p in asked)
     return _write(text, args.output)
 
 

@@ -266,7 +266,7 @@ def test_cli_bench(target, capsys):
     assert chain is None and source.batch_size == 2
 
 
-def test_cli_bench_puts_asked_predictions_inside_html_and_json(tmp_path, target):
+def test_cli_bench_puts_asked_predictions_inside_html_and_json(tmp_path, target, capsys):
     factory = target("asked_pipe", "import torch\ndef make():\n"
                      "    return [torch.zeros(3) for _ in range(4)], [abs]\n")  # fmt: skip
     common = ["bench", f"{factory}:make", "--samples", "4", "--repeat", "1", "--predict", "2,3"]
@@ -274,10 +274,15 @@ def test_cli_bench_puts_asked_predictions_inside_html_and_json(tmp_path, target)
     page = (tmp_path / "b.html").read_text()
     assert page.rstrip().endswith("</body>\n</html>")  # nothing after the page
     body = page[page.index("<body>") : page.index("</body>")]
-    assert body.count("&lt;Prediction") == 2 and "<Prediction" not in page
+    assert body.count(" samples/s at ") >= 2 and "Prediction" not in page  # sentences, no objects
+    assert "samples/s at 2 workers" in body and "samples/s at 3 workers" in body
     assert main([*common, "-o", str(tmp_path / "b.json")]) == 0
     data = json.loads((tmp_path / "b.json").read_text())
     assert [p["workers"] for p in data["asked"]] == [2, 3] and data["schema"]
+    capsys.readouterr()
+    assert main(common) == 0  # in the terminal: sentences, not Python objects
+    out = capsys.readouterr().out
+    assert "predicted: " in out and "samples/s at 2 workers" in out and "<Prediction" not in out
 
 
 def test_cli_bench_file_target_imports_as_python_runs_it(tmp_path, target):

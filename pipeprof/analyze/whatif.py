@@ -318,13 +318,19 @@ class Prediction(float):
     def to_dict(self) -> dict[str, Any]:
         return {"samples_per_s": _round(float(self)), **self.details}
 
-    def __repr__(self) -> str:
+    def __str__(self) -> str:
+        """The prediction as a sentence: what ``pipeprof bench --predict`` prints."""
         d = self.details
-        text = f"{float(self):.1f} samples/s at {d['workers']} workers (limit: {d['limit']})"
+        k = d["workers"]
+        text = f"{float(self):.1f} samples/s at {k} worker{'s' if k != 1 else ''}"
+        text += f" (limit: {d['limit']})"
         if "compute_samples_per_s" in d:
             need = d["workers_needed"]
             text += f"; {need if need is not None else 'no number of'} workers feed the compute"
-        return f"<Prediction {text}>"
+        return text
+
+    def __repr__(self) -> str:
+        return f"<Prediction {self}>"
 
 
 def predict(
