@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from _common import machine
+
 clock = time.perf_counter_ns
 
 VARIANTS = ("plain", "pipeprof", "torch.profiler", "profile()")
@@ -163,37 +165,6 @@ RUNNERS: dict[str, Callable[[Any], dict[str, Any]]] = {
 }
 
 
-def machine() -> dict[str, Any]:
-    import platform
-
-    import PIL
-    import torch
-    import torchvision
-
-    import pipeprof
-
-    model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
-            )
-    except OSError:
-        pass
-    return {
-        "cpu_model": model,
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "pillow": PIL.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "pipeprof": pipeprof.__version__,
-        "loadavg_at_start": os.getloadavg(),
-    }
-
-
 def _med(vals: list[float]) -> float:
     vals = [v for v in vals if v == v]
     return statistics.median(vals) if vals else float("nan")
@@ -304,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarise(rounds, variants)
         result = {
             "benchmark": "loader_throughput",
-            "machine": machine(),
+            "machine": {**machine(), "loadavg_at_start": os.getloadavg()},
             "settings": {
                 "workers": args.workers,
                 "images": args.images,

@@ -65,6 +65,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from _common import jpeg160_dataset, machine
+
 clock = time.perf_counter_ns
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SCHEDSTAT = os.path.exists("/proc/self/schedstat")  # per-thread time on CPU in ns
@@ -303,51 +305,12 @@ def epoch(variant: str, loader: Any, step_s: float, monitor: Monitor) -> dict[st
     return res
 
 
-def machine() -> dict[str, Any]:
-    import platform
-
-    import PIL
-    import torch
-    import torchvision
-
-    import pipeprof
-
-    model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
-            )
-    except OSError:
-        pass
-    return {
-        "cpu_model": model,
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "pillow": PIL.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "pipeprof": pipeprof.__version__,
-        "clock_ticks_per_s": round(1 / TICK_S),
-    }
-
-
 def make_loader(root: str, workers: int, batch_size: int) -> Any:
     from torch.utils.data import DataLoader
-    from torchvision import datasets, transforms
 
-    chain = transforms.Compose(
-        [
-            transforms.RandomResizedCrop(128),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-        ]
+    return DataLoader(
+        jpeg160_dataset(root), batch_size=batch_size, shuffle=True, num_workers=workers
     )
-    dataset = datasets.ImageFolder(root, transform=chain)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
 
 
 # ---- summary ---------------------------------------------------------------------------------
@@ -540,7 +503,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1}/{args.rounds}: {line}", file=sys.stderr, flush=True)
         result = {
             "benchmark": "overhead",
-            "machine": {**machine(), "loadavg_at_start": load_start},
+            "machine": {
+                **machine(),
+                "clock_ticks_per_s": round(1 / TICK_S),
+                "loadavg_at_start": load_start,
+            },
             "settings": {
                 "workers": args.workers,
                 "images": len(loader.dataset),

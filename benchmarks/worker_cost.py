@@ -9,8 +9,8 @@ order per batch and with the same random seeds, so every variant crops and flips
                  the ``Compose``) and its ``Collate`` (drain and pack), recorder on
   wrappers off   the same twin with the recorder off: what the wrappers cost by themselves
 
-The estimator is the least CPU (``time.thread_time_ns``) each batch took over the rounds, summed:
-a neighbour only ever adds time. The pipeline: 160 x 160 px JPEGs (``pipeprof.demo.make_images``)
+After a warm-up round, the estimator is the least CPU (``time.thread_time_ns``) each batch took
+over the rounds, summed: a neighbour only ever adds time. The pipeline: 160 x 160 px JPEGs (``pipeprof.demo.make_images``)
 in ImageFolder layout, ``RandomResizedCrop(128)``, flip, ``ToTensor``, ``Normalize``.
 
     .venv/bin/python benchmarks/worker_cost.py --root /tmp/jpeg160 --rounds 7
@@ -22,14 +22,15 @@ import argparse
 import os
 import pickle
 import random
+import shutil
 import sys
 import tempfile
 import time
 from typing import Any
 
 import torch
+from _common import jpeg160_dataset
 from torch.utils.data import default_collate
-from torchvision import datasets, transforms
 
 from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.collect.torch.loader import Collate, MapDataset
@@ -44,19 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args(argv)
-    root = args.root or tempfile.mkdtemp(prefix="pipeprof-worker-cost-")
-    if not os.path.isdir(os.path.join(root, "class0")):
-        make_images(root, count=args.images, size=(160, 160))
+    tmp = None if args.root else tempfile.mkdtemp(prefix="pipeprof-worker-cost-")
+    root = args.root or tmp
+    try:
+        if not os.path.isdir(os.path.join(root, "class0")):
+            make_images(root, count=args.images, size=(160, 160))
+        return measure(jpeg160_dataset(root), args)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(dataset: Any, args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # as in a DataLoader worker
-    chain = transforms.Compose(
-        [
-            transforms.RandomResizedCrop(128),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-        ]
-    )
-    dataset = datasets.ImageFolder(root, transform=chain)
     twin = MapDataset(instrument_dataset(dataset)[0])
     collate = Collate(default_collate, per_sample=False)
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(1).shuffle(order)
     batches = [order[b : b + 32] for b in range(0, 32 * args.batches, 32)]
     best = {k: [2**62] * len(batches) for k in variants}
-    for r in range(args.rounds):
+    for r in range(-1, args.rounds):  # round -1 warms caches and imports up: not counted
         for j, batch in enumerate(batches):
             names = list(variants)
             random.Random(r * 1000 + j).shuffle(names)
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                 random.seed(j)
                 t0 = time.thread_time_ns()
                 pickle.dumps(variants[name](batch), protocol=pickle.HIGHEST_PROTOCOL)
-                best[name][j] = min(best[name][j], time.thread_time_ns() - t0)
+                if r >= 0:
+                    best[name][j] = min(best[name][j], time.thread_time_ns() - t0)
                 rec.enabled = False
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     samples = 32 * len(batches)

@@ -1,0 +1,56 @@
+"""What several benchmarks share: the machine they ran on, and the issue-11 JPEG pipeline.
+
+Benchmarks run as scripts (``python benchmarks/x.py``), so this directory is on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """CPU model and count, Python, platform and the versions that shape the figures."""
+    import PIL
+    import torch
+    import torchvision
+
+    import pipeprof
+
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    return {
+        "cpu_model": model,
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "pillow": PIL.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "pipeprof": pipeprof.__version__,
+    }
+
+
+def jpeg160_dataset(root: str) -> Any:
+    """ImageFolder over ``root`` with the issue's augmentation: RandomResizedCrop(128), flip,
+    ToTensor, Normalize (the images: ``pipeprof.demo.make_images(root, size=(160, 160))``)."""
+    from torchvision import datasets, transforms
+
+    chain = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(128),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
+    return datasets.ImageFolder(root, transform=chain)
