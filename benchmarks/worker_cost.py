@@ -10,8 +10,9 @@ order per batch and with the same random seeds, so every variant crops and flips
   wrappers off   the same twin with the recorder off: what the wrappers cost by themselves
 
 After a warm-up round, the estimator is the least CPU (``time.thread_time_ns``) each batch took
-over the rounds, summed: a neighbour only ever adds time. The pipeline: 160 x 160 px JPEGs (``pipeprof.demo.make_images``)
-in ImageFolder layout, ``RandomResizedCrop(128)``, flip, ``ToTensor``, ``Normalize``.
+over the rounds, summed: a neighbour only ever adds time. The pipeline: 160 x 160 px JPEGs
+(``pipeprof.demo.make_images``) in ImageFolder layout, ``RandomResizedCrop(128)``, flip,
+``ToTensor``, ``Normalize``.
 
     .venv/bin/python benchmarks/worker_cost.py --root /tmp/jpeg160 --rounds 7
 """
