@@ -250,8 +250,8 @@ class Profiler:
                 transfer = (source.transfer_ns - copied_before) if moves else 0  # type: ignore[attr-defined]
                 own = (source.own_ns - own_before) if split else 0  # type: ignore[attr-defined]
                 wait = max(0, t_got - t_req - transfer - own)
-                starved = min(wait, source.last_starved) if split else wait  # type: ignore[attr-defined]
-                log.begin(t_req, wait, transfer, warmup > 0, starved)
+                starved = source.last_starved if split else None  # type: ignore[attr-defined]
+                log.begin(t_req, wait, transfer, warmup > 0, starved)  # clamped to the wait
                 warmup -= 1
                 if len(self._cached) < self.replay_batches:
                     self._cached.append(batch)

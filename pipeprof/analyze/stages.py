@@ -175,15 +175,14 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     sampler_s = costs.get("sampler_ns", 0) / 1e9
     setup_s = costs.get("setup_ns", 0) / 1e9
     cost_s = regions_s + main_s + settle_s + sampler_s + setup_s
+    stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
     main_cpu = session.meta.get("main_cpu_ns")
     if isinstance(main_cpu, int) and main_cpu > 0:
         base_s = (main_cpu + sum(w.cpu_ns for w in session.workers.values())) / 1e9
         basis = "cpu"
     else:  # a file from before CPU time was kept: the time the pipeline and the loop took
-        base_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
-        base_s += session.wait.total_ns / 1e9
+        base_s = stage_s + session.wait.total_ns / 1e9
         basis = "busy"
-    stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
     wall_s = session.wall_ns / 1e9
     return {
         "per_event_ns": round(session.overhead_ns, 1),

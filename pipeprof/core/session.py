@@ -207,8 +207,9 @@ class Session:
         return self._queued - self._folded
 
     def settle(self, chunk: int | None = None) -> None:
-        """Fold the queued drains into ``stages``, ``spans`` and ``events``; with ``chunk``, a
-        chunk of about that many records at a time, letting other threads run in between."""
+        """Fold the queued drains into ``stages`` and ``events`` (their spans wait, packed, for
+        ``settled``); with ``chunk``, about that many records at a time, letting other threads
+        run in between."""
         while self._pending:
             with self._lock:
                 taken: list[dict[str, Any]] = []
