@@ -216,8 +216,9 @@ def test_extra_keys_are_ignored(saved, tmp_path):
 
 
 def test_a_file_from_an_older_pipeprof_loads_and_reads_as_it_did():
-    """Recorded before the wait was split and before LoopRecord (Stats tagged ``__stat__``): it
-    loads, its wait counts as starved, and the verdict and finding read as they did then."""
+    """Recorded before the wait was split and before LoopRecord (Stats tagged ``__stat__``): a
+    loop and a loader; they load, their wait counts as starved, and the verdict and finding
+    read as they did then."""
     old = pipeprof.load(LOOP.with_name("session-loop-old.json")).to_dict()
     loop = old["loop"]
     assert "__stat__" in LOOP.with_name("session-loop-old.json").read_text()
@@ -227,6 +228,9 @@ def test_a_file_from_an_older_pipeprof_loads_and_reads_as_it_did():
     assert old["verdict"]["stage"] == "load/decode"
     assert "workers-needed" in {f["id"] for f in old["findings"]}
     assert "the wait" not in str(pipeprof.load(LOOP.with_name("session-loop-old.json")))
+    loader = pipeprof.load(LOOP.with_name("session-loader-old.json")).to_dict()["wait"]
+    assert not loader["split_known"] and loader["handover_s"] == 0
+    assert loader["starved_s"] == loader["total_s"] > 0
 
 
 def test_plain_report_json_that_is_damaged_is_named_by_compare(saved, tmp_path):

@@ -333,6 +333,11 @@ def test_threads_oversubscribed_only_on_evidence_of_contention(threads):
     report = spin_loop(idle, 50.0)
     assert report["verdict"].get("cause") != "starved"  # compute-bound, or the hand-over alone
     assert "threads-oversubscribed" not in findings(report)
+    # starved by reads that wait on storage: the cores sit idle, fewer threads would not help
+    waiting = DataLoader(CostDataset(40, load_ms=5.0), batch_size=2, num_workers=1)
+    report = spin_loop(waiting, 2.0)
+    assert report["verdict"]["kind"] == "input-bound"
+    assert "threads-oversubscribed" not in findings(report)
     n = n_cores + 1  # workers computing in torch, and the training step: more than the cores
     busy = DataLoader(CostDataset(40 * n, transform=TorchWork(8.0)), batch_size=2, num_workers=n)
     report = spin_loop(busy, 6.0)

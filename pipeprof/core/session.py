@@ -424,7 +424,7 @@ class Session:
             first_samples=get("first_samples", _is_int, _INT, 0),
             last_ready_ns=get("last_ready_ns", _is_int, _INT, 0),
             wait=_stat(data.get("wait", {}), "session.wait"),
-            starved=_stat(data.get("starved", data.get("wait", {})), "session.starved"),
+            starved=_stat(data.get("starved", {}), "session.starved"),
             handover=_stat(data.get("handover", {}), "session.handover"),
             batch_bytes=_stat(data.get("batch_bytes", {}), "session.batch_bytes"),
             batches=get("batches", _is_int, _INT, 0),
