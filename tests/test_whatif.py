@@ -48,6 +48,18 @@ def test_waiting_bound_scales_with_workers_past_the_cores():
     assert workers_for(m, 3000) == 6
 
 
+def test_the_hand_over_caps_the_rate_without_loading_a_core():
+    """One batch reaches the main process per hand-over, whatever the workers: 4 samples a
+    batch every 2 ms is at most 2000 samples/s. Latency, not CPU: a CPU-bound pipeline under the
+    cap keeps its rate."""
+    m = wait(2.0, batch_size=4, handover_ms=2.0)
+    assert throughput(m, 1) == pytest.approx(500)  # 8 ms a batch: under the cap
+    assert throughput(m, 16) == pytest.approx(2000) and solve(m, 16)["limit"] == "hand-over"
+    assert workers_for(m, 2500) is None and workers_for(m, 1900) == 4
+    assert throughput(cpu(2.0, handover_ms=0.5), 2) == pytest.approx(throughput(cpu(2.0), 2))
+    assert solve(m, 0)["samples_per_s"] == pytest.approx(500)  # no workers: no hand-over
+
+
 def test_mixed_stage_saturates_the_cpu_part():
     m = Model((StageCost("load", 4.0, 1.0),), cores=2)  # 1 ms CPU + 3 ms waiting
     assert throughput(m, 2) == pytest.approx(500)  # each worker has a core when it wants one
