@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -58,7 +59,60 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("-o", "--output", default=None, help="write here instead of standard output")
     _bench_parser(sub)
+    sub.add_parser(
+        "run",
+        help="profile an unmodified training script: pipeprof run train.py [its arguments]",
+        add_help=False,
+    )
     return p
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pipeprof run",
+        usage="pipeprof run [options] (script.py | -m module) [script arguments]",
+        description="Run a training script unmodified and profile every torch DataLoader it "
+        "iterates: stages inside the workers, wait / compute per step, Forward / Backward / "
+        "Optimizer. The script's output is untouched; pipeprof's summary goes to stderr.",
+    )
+    p.add_argument("-o", "--out", default="pipeprof-run.json",
+                   help="the report of the main loop, JSON (pipeprof-run.json); other loaders "
+                   "go next to it, as OUT-STEM.LABEL.json")  # fmt: skip
+    p.add_argument("--html", default=None, help="also write the main loop's HTML report here")
+    p.add_argument("--trace", default=None, help="also write a Chrome/Perfetto trace here")
+    p.add_argument("--batches", type=_positive, default=None,
+                   help="stop profiling after this many batches (all loaders together); the "
+                   "script runs on unprofiled")  # fmt: skip
+    p.add_argument("--sample-hz", type=float, default=10.0,
+                   help="GPU and host sampling rate (10; 0 turns sampling off)")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    return p
+
+
+_RUN_VALUED = {"-o", "--out", "--html", "--trace", "--batches", "--sample-hz"}
+
+
+def _split_run(argv: list[str]) -> tuple[list[str], str | None, bool, list[str]]:
+    """``pipeprof run``'s own options, the script or module, and the script's arguments (all
+    after the script is the script's, as with ``python``)."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            i += 1
+            break
+        if a == "-m":
+            if i + 1 >= len(argv):
+                break
+            rest = argv[i + 2 :]
+            return argv[:i], argv[i + 1], True, rest[1:] if rest[:1] == ["--"] else rest
+        if not a.startswith("-") or a == "-":
+            break
+        i += 2 if a in _RUN_VALUED else 1
+    if i >= len(argv):
+        return argv, None, False, []
+    rest = argv[i + 1 :]
+    return argv[:i], argv[i], False, rest[1:] if rest[:1] == ["--"] else rest
 
 
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -274,7 +328,88 @@ def cmd_bench(args: argparse.Namespace) -> int:
 INTERRUPTED = 130  # the exit status of a program stopped by Ctrl-C (128 + SIGINT)
 
 
+def cmd_run(argv: list[str]) -> int:
+    from pipeprof import runner
+
+    opts_argv, target, module, script_args = _split_run(argv)
+    parser = _run_parser()
+    opts = parser.parse_args(opts_argv)
+    if target is None:
+        parser.error("give the training script to run (pipeprof run train.py) or -m module")
+    if not opts.sample_hz >= 0:
+        parser.error("--sample-hz must be 0 or more")
+    runner.check_target(target, module)
+    for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
+        if path:
+            _check_writable(path)
+    run = runner.Run(batches=opts.batches, sample_hz=opts.sample_hz)
+    run.on_stop = lambda: _run_outputs(run, opts, interrupted=False)
+    ended = runner.execute(run, target, module, script_args)
+    if not run.written:
+        interrupted = isinstance(ended, (KeyboardInterrupt, runner.Terminated))
+        try:
+            _run_outputs(run, opts, interrupted)
+        except Exception as exc:  # the script's own ending comes first
+            _error(f"the report could not be written ({type(exc).__name__}: {exc})")
+    return runner.end_like(ended)
+
+
+def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool) -> None:
+    """Write the reports of ``pipeprof run`` and print the summary on stderr."""
+    from pipeprof import runner
+
+    run.written = True
+    reports = run.reports(interrupted)
+    err = Console(stderr=True, soft_wrap=True)
+    if not reports:
+        err.print(
+            "pipeprof: the script iterated no torch DataLoader, so there is nothing to report "
+            "(pipeprof run sees torch DataLoaders; for tf.data use pipeprof.profile or the Keras "
+            "callback, docs/tfdata.md)",
+            markup=False, highlight=False,
+        )  # fmt: skip
+        for note in run.notes:
+            err.print(f"note: {note}", markup=False, highlight=False)
+        return
+    paths: dict[str, str] = {}
+    out = Path(opts.out)
+    for i, (entry, report) in enumerate(reports):
+        path = out if i == 0 else out.with_name(f"{out.stem}.{_slug(entry.label)}{out.suffix}")
+        with _naming(str(path)):
+            report.save(path)
+        paths[entry.label] = str(path)
+    main = reports[0][1]
+    if opts.html:
+        with _naming(opts.html):
+            main.write_html(opts.html)
+    if opts.trace:
+        with _naming(opts.trace):
+            Path(opts.trace).write_text(main.render("chrome"), encoding="utf-8")
+    if opts.quiet:
+        return
+    Console(stderr=True).print(main)
+    for line in runner.summary_lines(reports, paths):
+        err.print(line, markup=False, highlight=False)
+    for path in (opts.html, opts.trace):
+        if path:
+            err.print(f"written: {Path(path).resolve()}", markup=False, highlight=False)
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label).strip("_") or "loader"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        try:
+            return cmd_run(argv[1:])
+        except OSError as exc:
+            _error(_os_message(exc))
+            return 2
+        except ValueError as exc:
+            _error(str(exc))
+            return 2
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":

@@ -1,0 +1,572 @@
+"""``pipeprof run``: profile an unmodified training script (docs/run.md).
+
+NOTE [ Run ]
+The script runs in this process as ``python train.py`` would run it (``runpy``: ``sys.argv``,
+``__name__ == "__main__"``, ``sys.path[0]``; spawn workers re-import it as ``__mp_main__``).
+Before it starts, an import hook waits for ``torch`` to be imported (a script that never imports
+it never pays for it) and then patches public seams of its classes:
+
+- ``DataLoader.__init__`` remembers where each loader was made (file:line and the variable it
+  was assigned to), to label it;
+- ``DataLoader.__iter__`` makes every pass over a loader a pass of ``Profiler.wrap(loader)``:
+  the same profiled twin (stages timed in the workers, the user's objects untouched), one
+  ``Profiler`` per loader, so a validation loader is its own report and never adds epochs to the
+  training loader's. Iterations pipeprof makes itself (the twin, a loader the script wraps in its
+  own ``pipeprof.Profiler``) pass through unpatched;
+- the optimizer's step (torch's global step hooks), ``Tensor.backward`` and the outermost
+  ``Module`` call (global forward hooks) become the ``Optimizer``, ``Backward`` and ``Forward``
+  regions of the step of the pass that handed out the last batch.
+
+A pass of one loader that runs inside a step of another (validation every N training steps) is
+a non-compute region of that step, named after the loader. Two loaders advanced in turn (``zip``)
+are each profiled, with a note: each one's compute then holds the other's wait.
+
+The outputs are written when the script ends, raises, exits, on Ctrl-C and on SIGTERM (which
+unwinds the script like Ctrl-C, then ends the process with SIGTERM as it would have), or once
+``batches`` batches were profiled (then at once); after that the script runs on unprofiled (a
+pass under way goes on through its profiled twin, so no batch is repeated or lost).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import linecache
+import os
+import re
+import runpy
+import signal
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any
+
+from pipeprof.core.recorder import clock
+from pipeprof.profiler import Profiler
+from pipeprof.report import Report
+
+_PIPEPROF_DIR = str(Path(__file__).resolve().parent)
+_ASSIGNED = re.compile(r"^\s*((?:self\.)?[A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
+
+
+class Terminated(BaseException):
+    """Raised in the script by SIGTERM so that it unwinds and the outputs get written."""
+
+
+@dataclass
+class Loader:
+    """One DataLoader the script iterated, and its own Profiler."""
+
+    label: str
+    site: str
+    prof: Profiler
+    loader: Any  # kept alive: its id keys the table
+    passes: int = 0
+    nested_in: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Pass:
+    entry: Loader
+    outer: _Pass | None
+    start_ns: int
+    alive: bool = True
+
+
+class _Local(threading.local):
+    inside = 0  # > 0 while pipeprof itself advances a loader (its twin's own iteration)
+
+
+class Run:
+    """Profiles every DataLoader pass of the script it executes; see NOTE [ Run ]."""
+
+    def __init__(self, *, batches: int | None = None, sample_hz: float = 10.0) -> None:
+        self.batches = batches
+        self.sample_hz = sample_hz
+        self.pid = os.getpid()
+        self.loaders: dict[int, Loader] = {}
+        self.sites: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+        self.current: _Pass | None = None
+        self.profiled = 0  # batches profiled so far
+        self.stopped = False  # profiling over (--batches reached, or the script ended)
+        self.notes: list[str] = []
+        self.seen: set[str] = set()  # regions seen
+        self._local = _Local()
+        self._undo: list[Any] = []
+        self._samplers: list[Any] = []
+        self._nvml_started = False
+        self._depth = 0  # Module calls open (Forward is the outermost)
+        self._user_profiler = False
+        self.written = False  # the outputs are out (pipeprof run's CLI)
+        self.on_stop: Any = None  # called when --batches ends profiling
+
+    # ---- the hooks ----------------------------------------------------------------------
+
+    def install(self) -> None:
+        """The import hook (and the patches at once if torch is already imported)."""
+        if "torch" in sys.modules:
+            self._patch_torch()
+        else:
+            hook = _AfterImport("torch", self._patch_torch)
+            sys.meta_path.insert(0, hook)
+            self._undo.append(lambda: sys.meta_path.remove(hook) if hook in sys.meta_path else None)
+        self._wrap_profiler_start()
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _patch_torch(self) -> None:
+        import torch
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+        from torch.utils.data import DataLoader
+
+        from pipeprof.collect.torch.loader import _Delegate
+
+        run = self
+        orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
+
+        @functools.wraps(orig_init)  # its signature too: pipeprof's twin reads it
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(loader, *args, **kwargs)
+            if not isinstance(loader.dataset, _Delegate):  # not pipeprof's own twin
+                run._remember_site(loader)
+
+        @functools.wraps(orig_iter)
+        def __iter__(loader: Any) -> Any:
+            if (
+                run.stopped
+                or run._local.inside
+                or os.getpid() != run.pid  # a process the script forked
+                or isinstance(loader.dataset, _Delegate)  # a twin, iterated by a Profiler
+            ):
+                return orig_iter(loader)
+            return run._pass(loader)
+
+        backward: Any = torch.Tensor.backward
+
+        @functools.wraps(backward)
+        def tensor_backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            timer = run._timer()
+            if timer is None:
+                return backward(tensor, *args, **kwargs)
+            run.seen.add("Backward")
+            timer.start("Backward")
+            try:
+                return backward(tensor, *args, **kwargs)
+            finally:
+                timer.end("Backward")
+
+        DataLoader.__init__ = __init__  # type: ignore[method-assign,assignment]
+        DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
+        torch.Tensor.backward = tensor_backward  # type: ignore[method-assign,assignment]
+        handles = [
+            optim.register_optimizer_step_pre_hook(lambda *a: self._open("Optimizer")),
+            optim.register_optimizer_step_post_hook(lambda *a: self._close("Optimizer")),
+            nn_module.register_module_forward_pre_hook(self._forward_pre),
+            nn_module.register_module_forward_hook(self._forward_post, always_call=True),
+        ]
+
+        def undo() -> None:
+            DataLoader.__init__ = orig_init  # type: ignore[method-assign,assignment]
+            DataLoader.__iter__ = orig_iter  # type: ignore[method-assign,assignment]
+            torch.Tensor.backward = backward  # type: ignore[method-assign,assignment]
+            for h in handles:
+                h.remove()
+
+        self._undo.append(undo)
+
+    def _wrap_profiler_start(self) -> None:
+        start = Profiler.start
+
+        def wrapped(prof: Profiler) -> Profiler:
+            if not any(prof is e.prof for e in self.loaders.values()) and not self._user_profiler:
+                self._user_profiler = True
+                self.notes.append(
+                    "the script runs its own pipeprof.Profiler: the loaders it wraps are "
+                    "profiled by it (in its own report), not counted here a second time"
+                )
+            return start(prof)
+
+        Profiler.start = wrapped  # type: ignore[method-assign,assignment]
+        self._undo.append(lambda: setattr(Profiler, "start", start))
+
+    def _timer(self) -> Any:
+        p = self.current
+        return p.entry.prof.timer if p is not None and not self.stopped else None
+
+    def _open(self, key: str) -> None:
+        timer = self._timer()
+        if timer is not None:
+            timer.start(key)
+            self.seen.add(key)
+
+    def _close(self, key: str) -> None:
+        timer = self._timer()
+        if timer is not None:
+            try:
+                timer.end(key)
+            except ValueError:  # opened before the pass began: nothing to close
+                pass
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._open("Forward")
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self._close("Forward")
+
+    # ---- loaders --------------------------------------------------------------------------
+
+    def _remember_site(self, loader: Any) -> None:
+        frame = sys._getframe(2)
+        while frame is not None and (
+            frame.f_code.co_filename.startswith(_PIPEPROF_DIR)
+            or "/torch/" in frame.f_code.co_filename
+            or frame.f_locals.get("self") is loader  # a subclass's __init__
+        ):
+            frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return
+        file, line = frame.f_code.co_filename, frame.f_lineno
+        site = f"{os.path.basename(file)}:{line}"
+        match = _ASSIGNED.match(linecache.getline(file, line))
+        try:
+            self.sites[loader] = (match.group(1) if match else "", site)
+        except TypeError:  # not weak-referenceable: labelled by its site only
+            pass
+
+    def _entry(self, loader: Any) -> Loader:
+        entry = self.loaders.get(id(loader))
+        if entry is not None and entry.loader is loader:
+            return entry
+        name, site = self.sites.get(loader, ("", "")) if _weakable(loader) else ("", "")
+        label = name or (f"DataLoader@{site}" if site else f"DataLoader#{len(self.loaders) + 1}")
+        taken = {e.label for e in self.loaders.values()}
+        base, n = label, 1
+        while label in taken:
+            n += 1
+            label = f"{base}#{n}"
+        prof = Profiler(sample_hz=0)
+        prof.session.meta["run_loader"] = {"label": label, "site": site}
+        entry = self.loaders[id(loader)] = Loader(label, site, prof, loader)
+        return entry
+
+    def _pass(self, loader: Any) -> Any:
+        """A generator over one pass of ``loader``, profiled (NOTE [ Run ])."""
+        if self.sample_hz and not self._samplers:  # from the first pass: the loop's host
+            from pipeprof.collect.samplers import HostSampler
+
+            self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        entry = self._entry(loader)
+        local = self._local
+        local.inside += 1
+        try:
+            steps = iter(entry.prof.wrap(loader))
+        finally:
+            local.inside -= 1
+        return self._steps(entry, steps)
+
+    def _steps(self, entry: Loader, steps: Any) -> Any:
+        local = self._local
+        p = _Pass(entry, self.current if self.current is not None else None, clock())
+        if p.outer is not None:
+            entry.nested_in.add(p.outer.entry.label)
+        entry.passes += 1
+        try:
+            while True:
+                if p.outer is not None and not p.outer.alive:
+                    p.outer = None
+                self._check_interleave(p)
+                local.inside += 1
+                try:
+                    batch = next(steps)
+                except StopIteration:
+                    return
+                finally:
+                    local.inside -= 1
+                self.current = p
+                if not self.stopped:
+                    self.profiled += 1
+                    self._maybe_start_nvml()
+                    if self.batches is not None and self.profiled >= self.batches:
+                        self.stop_profiling(f"--batches {self.batches} reached")
+                        if self.on_stop is not None:
+                            self.on_stop()
+                yield batch
+        finally:
+            p.alive = False
+            local.inside += 1
+            try:
+                steps.close()
+            finally:
+                local.inside -= 1
+            outer = p.outer
+            if self.current is p:
+                self.current = outer if outer is not None and outer.alive else None
+            if outer is not None and outer.alive and not self.stopped:
+                # a pass inside a step of another loader: that step's time, not its compute
+                outer.entry.prof._steps_log.region(
+                    f"{entry.label} (pass)", p.start_ns, clock() - p.start_ns
+                )
+
+    def _check_interleave(self, p: _Pass) -> None:
+        """Asking ``p`` for a batch while a pass nested in it is still running: ``zip``."""
+        c = self.current
+        if c is None or c is p or c.outer is not p:
+            return
+        c.outer = None  # not nested after all: no region for it in ``p``'s steps
+        note = (
+            f"{c.entry.label} and {p.entry.label} were iterated together (zip): each one's "
+            "compute holds the other's wait; the loop waited for both"
+        )
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def _maybe_start_nvml(self) -> None:
+        # NVML starts after the first batch: DataLoader workers have forked by then
+        if self._nvml_started or not self.sample_hz:
+            return
+        self._nvml_started = True
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            from pipeprof.collect.samplers import NvmlSampler
+
+            self._samplers.append(NvmlSampler(hz=self.sample_hz).start())
+
+    # ---- the end ----------------------------------------------------------------------------
+
+    def stop_profiling(self, why: str | None = None) -> None:
+        """Stop every Profiler and the samplers: what was measured is final."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if why:
+            self.notes.append(f"profiling stopped: {why}; the script ran on unprofiled")
+        for sampler in self._samplers:
+            sampler.stop()
+        for entry in self.loaders.values():
+            entry.prof.stop()
+
+    def reports(self, interrupted: bool = False) -> list[tuple[Loader, Report]]:
+        """One Report per loader that yielded a batch, the training loader first."""
+        from pipeprof.collect.samplers import HostSampler, NvmlSampler
+
+        self.stop_profiling()
+        used = [e for e in self.loaders.values() if e.prof.session.loop.steps]  # type: ignore[union-attr]
+        # the training loader: not nested in another loader's steps, and the most steps
+        used.sort(key=lambda e: (not e.nested_in, e.prof.session.loop.steps), reverse=True)  # type: ignore[union-attr]
+        for i, entry in enumerate(used):
+            s = entry.prof.session
+            s.interrupted = s.interrupted or interrupted
+            for sampler in self._samplers:
+                if isinstance(sampler, NvmlSampler):
+                    s.gpu = sampler.to_dict()
+                elif isinstance(sampler, HostSampler):
+                    s.host = sampler.to_dict()
+            if i == 0:
+                s.costs["sampler_ns"] = sum(x.cpu_ns for x in self._samplers)
+                s.meta["run"] = {
+                    "regions_seen": sorted(self.seen),
+                    "loaders": [
+                        {"label": e.label, "site": e.site, "passes": e.passes,
+                         "steps": e.prof.session.loop.steps}  # type: ignore[union-attr]
+                        for e in used
+                    ],
+                }  # fmt: skip
+                s.notes.extend(self.notes)
+                s.notes.append(self.regions_note(Report(s)))
+        return [(e, Report(e.prof.session)) for e in used]
+
+    def regions_note(self, report: Report) -> str:
+        """Which parts of compute were seen, and what the rest is."""
+        seen = [k for k in ("Forward", "Backward", "Optimizer") if k in self.seen]
+        missing = [k for k in ("Forward", "Backward", "Optimizer") if k not in self.seen]
+        text = (
+            f"regions seen without code changes: {', '.join(seen)}" if seen
+            else "no Forward/Backward/Optimizer regions seen (no torch model or optimizer ran "
+            "inside the loop)"
+        )  # fmt: skip
+        if missing and seen:
+            text += f"; not seen: {', '.join(missing)}"
+        loop = report.to_dict().get("loop") or {}
+        compute = loop.get("compute_s") or 0.0
+        regions = loop.get("regions") or {}
+        inside = sum(regions[k]["total_s"] for k in seen if k in regions)
+        if seen and compute > 0:
+            rest = max(0.0, compute - inside)
+            text += (
+                f". The rest of compute, {rest:.3g} s of {compute:.3g} s, is the script's own "
+                "code between them: moving the batch to the device, the loss, logging, metrics "
+                "(Other)"
+            )
+        return text
+
+
+def _weakable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return False
+    return True
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then()`` once the module ``name`` has been imported (an import hook)."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name = name
+        self.then = then
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        exec_module, hook = spec.loader.exec_module, self
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
+            hook.then()
+
+        spec.loader.exec_module = exec_then  # type: ignore[method-assign,assignment]
+        return spec
+
+
+# ---- running the script ---------------------------------------------------------------------
+
+
+def check_target(target: str, module: bool) -> None:
+    """Refuse a script that does not exist or a module that cannot be found, before anything."""
+    if module:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError) as exc:
+            raise ValueError(f"-m {target}: cannot find that module ({exc})") from None
+        if found is None:
+            raise ValueError(
+                f"-m {target}: no such module on sys.path (run from the folder that holds the "
+                "package, or install it)"
+            )
+        return
+    path = Path(target)
+    if path.is_dir() and not (path / "__main__.py").exists():
+        raise ValueError(f"{target} is a folder: give the training script (e.g. train.py)")
+    if not path.exists():
+        raise ValueError(f"{target}: no such script; check the path")
+
+
+def execute(run: Run, target: str, module: bool, args: list[str]) -> BaseException | None:
+    """Run the script as Python would, under ``run``; returns how it ended (None: normally;
+    else its SystemExit, KeyboardInterrupt, Terminated or exception, traceback trimmed to the
+    script's own frames)."""
+    argv, path0 = sys.argv[:], sys.path[0] if sys.path else None
+    if module:
+        sys.argv = [target, *args]
+        sys.path[0] = os.getcwd()  # as ``python -m`` has it
+    else:
+        sys.argv = [target, *args]
+        sys.path[0] = str(Path(target).resolve().parent)
+    previous = _on_sigterm()
+    run.install()
+    ended: BaseException | None = None
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
+    except BaseException as exc:  # every ending is handed back, unchanged
+        ended = exc.with_traceback(_script_frames(exc.__traceback__))
+    finally:
+        run.uninstall()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        sys.argv = argv
+        if path0 is not None:
+            sys.path[0] = path0
+    return ended
+
+
+def _on_sigterm() -> Any:
+    """SIGTERM unwinds the script (outputs written on the way out); the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None  # someone handles it already: left as it is
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def _script_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame on: pipeprof's and runpy's are not the
+    script's (a failure before the script ran keeps them all)."""
+    t = tb
+    while t is not None:
+        file = t.tb_frame.f_code.co_filename
+        if not (file.startswith(_PIPEPROF_DIR) or file == runpy.__file__ or "<frozen" in file):
+            return t
+        t = t.tb_next
+    return tb
+
+
+def end_like(ended: BaseException | None) -> int:
+    """End as the script would have: its exit status, its traceback, its signal."""
+    if ended is None:
+        return 0
+    if isinstance(ended, SystemExit):
+        raise SystemExit(ended.code)  # Python prints a message for a non-int code, as ever
+    if isinstance(ended, Terminated):
+        _die_by(signal.SIGTERM)
+    sys.excepthook(type(ended), ended, ended.__traceback__)
+    if isinstance(ended, KeyboardInterrupt):
+        _die_by(signal.SIGINT)
+    return 1
+
+
+def _die_by(signum: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    signal.pause()  # pragma: no cover - the signal ends the process
+
+
+def summary_lines(reports: list[tuple[Loader, Report]], paths: dict[str, str]) -> list[str]:
+    """One line per loader, for the summary after the main report."""
+    lines = []
+    for i, (entry, report) in enumerate(reports):
+        d = report.to_dict()
+        loop = d.get("loop") or {}
+        role = "main loop" if i == 0 else (
+            f"inside {', '.join(sorted(entry.nested_in))}" if entry.nested_in else "another loop"
+        )  # fmt: skip
+        where = f" ({entry.site})" if entry.site else ""
+        saved = f"; saved to {paths[entry.label]}" if entry.label in paths else ""
+        lines.append(
+            f"{entry.label}{where}, {role}: {entry.passes} pass(es), {loop.get('steps', 0)} "
+            f"steps, waited {100 * (loop.get('wait_fraction') or 0):.1f}% of its loop's time"
+            f"{saved}"
+        )
+    return lines

@@ -1,0 +1,4 @@
+import sys
+
+print("no loaders here")
+sys.exit(3)

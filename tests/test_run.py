@@ -1,0 +1,188 @@
+"""``pipeprof run``: real scripts, run as subprocesses through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TRAIN = str(SCRIPTS / "train.py")
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e["COLUMNS"] = "100"
+    return e
+
+
+def pipeprof_run(
+    tmp: Path, *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "pipeprof", "run", "-o", str(tmp / "run.json"), *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, cwd=cwd or tmp, env=env(), timeout=240
+    )
+
+
+def plain(tmp: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          cwd=cwd or tmp, env=env(), timeout=240)  # fmt: skip
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_a_script_with_train_and_validation_loaders(tmp_path):
+    ran = pipeprof_run(tmp_path, TRAIN, "--epochs", "2", "--samples", "96", "--val-every", "3")
+    ref = plain(tmp_path, TRAIN, "--epochs", "2", "--samples", "96", "--val-every", "3")
+    assert ran.returncode == ref.returncode == 0, ran.stderr
+    assert ran.stdout == ref.stdout  # byte-identical; the summary went to stderr
+    assert "argv ['--epochs', '2', '--samples', '96', '--val-every', '3']" in ran.stdout
+    assert "train_loader (train.py:" in ran.stderr and "main loop" in ran.stderr
+
+    main = load(tmp_path / "run.json")
+    assert main["meta"]["run_loader"]["label"] == "train_loader"
+    assert main["loop"]["steps"] == 2 * 96 // 16  # validation adds no training steps
+    assert main["loop"]["epochs"] == 2
+    assert sorted(w["track"] for w in main["workers"]) == ["worker0", "worker1"]
+    assert main["stages"]["load"]["count"] == 2 * 96
+    regions = main["loop"]["regions"]
+    for key in ("Forward", "Backward", "Optimizer"):
+        assert regions[key]["count"] == main["loop"]["steps"], key
+    # validation every 3 steps ran 4 passes inside training steps: a region, not compute
+    assert regions["val_loader (pass)"]["count"] == 4
+    assert any("Other" in n for n in main["notes"])
+
+    val = load(tmp_path / "run.val_loader.json")
+    assert val["meta"]["run_loader"]["label"] == "val_loader"
+    assert val["loop"]["steps"] == 4 * 2 and val["loop"]["epochs"] == 4
+    assert [e["label"] for e in main["meta"]["run"]["loaders"]] == ["train_loader", "val_loader"]
+
+
+def test_the_same_numbers_as_the_hand_written_profiler(tmp_path):
+    """Same script, same injected costs: `pipeprof run` and `Profiler().wrap` agree."""
+    common = ("--workers", "0", "--samples", "480", "--load-ms", "1.5", "--step-ms", "8")
+    ran = pipeprof_run(tmp_path, TRAIN, *common)
+    by_hand = plain(tmp_path, TRAIN, *common, "--profiler", str(tmp_path / "hand.json"))
+    assert ran.returncode == by_hand.returncode == 0, ran.stderr + by_hand.stderr
+    a, b = load(tmp_path / "run.json"), load(tmp_path / "hand.json")
+    assert abs(a["loop"]["wait_fraction"] - b["loop"]["wait_fraction"]) <= 0.02
+    for stage in ("load", "collate"):
+        if b["stages"][stage]["mean_ms"] > 0.5:
+            assert a["stages"][stage]["mean_ms"] == pytest.approx(
+                b["stages"][stage]["mean_ms"], rel=0.05
+            )
+    assert a["stages"]["load"]["mean_ms"] == pytest.approx(1.5, rel=0.1)  # the injected cost
+    # the hand-written loop has no regions; run's are measured, not made up
+    assert "Forward" in a["loop"]["regions"] and not b["loop"]["regions"]
+
+
+def test_an_exception_keeps_its_traceback_and_exit_code(tmp_path):
+    ran = pipeprof_run(tmp_path, TRAIN, "--raise-at", "3")
+    ref = plain(tmp_path, TRAIN, "--raise-at", "3")
+    assert ran.returncode == ref.returncode == 1
+    assert ran.stdout == ref.stdout
+    assert ran.stderr.endswith(ref.stderr)  # the same traceback, last, after the summary
+    assert "Traceback" in ref.stderr and "pipeprof" not in ref.stderr
+    report = load(tmp_path / "run.json")
+    assert report["loop"]["steps"] == 3
+
+
+def test_exit_code_and_a_script_without_loaders(tmp_path):
+    ran = pipeprof_run(tmp_path, str(SCRIPTS / "nodata.py"))
+    assert ran.returncode == 3
+    assert ran.stdout == "no loaders here\n"
+    assert "iterated no torch DataLoader" in ran.stderr
+    assert not (tmp_path / "run.json").exists()
+    ran = pipeprof_run(tmp_path, TRAIN, "--exit", "4", "--samples", "32")
+    assert ran.returncode == 4 and (tmp_path / "run.json").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_writes_the_report_and_ends_as_it_would(tmp_path, signum):
+    cmd = [sys.executable, "-m", "pipeprof", "run", "-o", str(tmp_path / "run.json"), TRAIN,
+           "--forever", "--samples", "64"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env())  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip() == "running":
+            break
+    workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert workers  # the DataLoader's workers are up
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signum, err  # as the plain script ends on this signal
+    report = load(tmp_path / "run.json")
+    assert report["interrupted"] and report["loop"]["steps"] >= 3
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers):
+        assert time.monotonic() < deadline, "workers left running"
+        time.sleep(0.1)
+
+
+def test_a_module_with_relative_imports_and_a_spawn_loader(tmp_path):
+    ran = pipeprof_run(tmp_path, "-m", "trainpkg.train", "--", "--config", "c.yaml", cwd=SCRIPTS)
+    ref = plain(tmp_path, "-m", "trainpkg.train", "--config", "c.yaml", cwd=SCRIPTS)
+    assert ran.returncode == ref.returncode == 0, ran.stderr
+    assert ran.stdout == ref.stdout and "args ['--config', 'c.yaml']" in ran.stdout
+    report = load(tmp_path / "run.json")
+    assert report["meta"]["run_loader"]["label"].startswith("DataLoader@data.py:")
+    assert report["stages"]["load"]["count"] == 64
+
+    ran = pipeprof_run(tmp_path, TRAIN, "--context", "spawn", "--samples", "64")
+    assert ran.returncode == 0, ran.stderr
+    report = load(tmp_path / "run.json")
+    assert report["meta"]["multiprocessing_context"] == "spawn"
+    assert sorted(w["track"] for w in report["workers"]) == ["worker0", "worker1"]
+    assert report["stages"]["load"]["count"] == 64
+
+
+def test_batches_stops_profiling_and_the_script_runs_on(tmp_path):
+    ran = pipeprof_run(tmp_path, "--batches", "5", TRAIN, "--epochs", "2", "--samples", "64")
+    assert ran.returncode == 0, ran.stderr
+    assert "epoch 1 loss" in ran.stdout  # all of it ran
+    report = load(tmp_path / "run.json")
+    assert report["batches"] == 5
+    assert any("--batches 5 reached" in n for n in report["notes"])
+
+
+def test_a_script_with_its_own_profiler_is_not_counted_twice(tmp_path):
+    ran = pipeprof_run(tmp_path, TRAIN, "--samples", "64", "--profiler", str(tmp_path / "own.json"))
+    assert ran.returncode == 0, ran.stderr
+    own = load(tmp_path / "own.json")
+    assert own["loop"]["steps"] == 4
+    # the loader the script profiles itself is left to its Profiler: nothing to report here
+    assert "iterated no torch DataLoader" in ran.stderr
+    assert "runs its own pipeprof.Profiler" in ran.stderr
+
+
+def test_zipped_loaders_get_a_note(tmp_path):
+    ran = pipeprof_run(tmp_path, TRAIN, "--samples", "32", "--zip")
+    assert ran.returncode == 0, ran.stderr
+    report = load(tmp_path / "run.json")
+    assert any("iterated together (zip)" in n for n in report["notes"])
+    assert report["loop"]["steps"] == 2
+
+
+def test_bad_input(tmp_path):
+    ran = pipeprof_run(tmp_path, "missing.py")
+    assert ran.returncode == 2 and "missing.py: no such script" in ran.stderr
+    ran = pipeprof_run(tmp_path, "-m", "no_such_module_here")
+    assert ran.returncode == 2 and "no such module" in ran.stderr
+    ran = pipeprof_run(tmp_path)
+    assert ran.returncode == 2 and "give the training script" in ran.stderr
+    ran = pipeprof_run(tmp_path, "--batches", "0", TRAIN)
+    assert ran.returncode == 2 and "--batches" in ran.stderr
