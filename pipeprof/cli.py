@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import math
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -339,6 +340,13 @@ def cmd_run(argv: list[str]) -> int:
     if not opts.sample_hz >= 0:
         parser.error("--sample-hz must be 0 or more")
     runner.check_target(target, module)
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
+    if rank is not None and world.isdigit() and int(world) > 1:  # torchrun: a file per rank
+        for name in ("out", "html", "trace"):
+            path = getattr(opts, name)
+            if path:
+                p = Path(path)
+                setattr(opts, name, str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}")))
     for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
         if path:
             _check_writable(path)

@@ -23,7 +23,7 @@ def readme_commands() -> list[str]:
 def test_readme_starts_with_exactly_two_commands():
     cmds = readme_commands()
     assert len(cmds) == 2
-    assert "demo" in cmds[0] and "pytest" in cmds[1]
+    assert "pipeprof run" in cmds[0] and "pytest" in cmds[1]
 
 
 def run_in_group(cmd: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:

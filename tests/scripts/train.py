@@ -38,6 +38,8 @@ def main():
     p.add_argument("--zip", action="store_true")
     p.add_argument("--exit", type=int, default=0)
     p.add_argument("--profiler", default=None, help="profile by hand, save the report here")
+    p.add_argument("--layers", type=int, default=1, help="hidden layers of the model")
+    p.add_argument("--time", action="store_true", help="print the training loop's seconds")
     args = p.parse_args()
     print("argv", sys.argv[1:], flush=True)
     torch.manual_seed(0)
@@ -54,7 +56,8 @@ def main():
         num_workers=min(1, args.workers),
         multiprocessing_context=args.context,
     )
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    hidden = [m for _ in range(args.layers) for m in (nn.Linear(16, 16), nn.ReLU())]
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), *hidden, nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = train_loader
     if args.profiler:
@@ -65,6 +68,7 @@ def main():
     if args.zip:
         data = zip(train_loader, val_loader)
     step = epoch = 0
+    t0 = time.perf_counter()
     while epoch < args.epochs or args.forever:
         for batch in data:
             x, y = batch[0] if args.zip else batch
@@ -84,6 +88,8 @@ def main():
                 print("running", flush=True)
         print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
         epoch += 1
+    if args.time:
+        print(f"loop_s {time.perf_counter() - t0:.6f} steps {step}", flush=True)
     if args.profiler:
         prof.stop()
         prof.report().save(args.profiler)
