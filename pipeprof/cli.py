@@ -86,10 +86,13 @@ def _run_parser() -> argparse.ArgumentParser:
                    "script runs on unprofiled")  # fmt: skip
     p.add_argument("--sample-hz", type=float, default=10.0,
                    help="GPU and host sampling rate (10; 0 turns sampling off)")  # fmt: skip
+    p.add_argument("--no-regions", action="store_true",
+                   help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     return p
 
 
+# options that take a value: the script starts after it
 _RUN_VALUED = {"-o", "--out", "--html", "--trace", "--batches", "--sample-hz"}
 
 
@@ -350,7 +353,7 @@ def cmd_run(argv: list[str]) -> int:
     for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
         if path:
             _check_writable(path)
-    run = runner.Run(batches=opts.batches, sample_hz=opts.sample_hz)
+    run = runner.Run(batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions)
     run.on_stop = lambda: _run_outputs(run, opts, interrupted=False)
     ended = runner.execute(run, target, module, script_args)
     if not run.written:

@@ -84,8 +84,11 @@ class _Local(threading.local):
 class Run:
     """Profiles every DataLoader pass of the script it executes; see NOTE [ Run ]."""
 
-    def __init__(self, *, batches: int | None = None, sample_hz: float = 10.0) -> None:
+    def __init__(
+        self, *, batches: int | None = None, sample_hz: float = 10.0, regions: bool = True
+    ) -> None:
         self.batches = batches
+        self.regions = regions
         self.sample_hz = sample_hz
         self.pid = os.getpid()
         self.loaders: dict[int, Loader] = {}
@@ -101,6 +104,7 @@ class Run:
         self._nvml_started = False
         self._depth = 0  # Module calls open (Forward is the outermost)
         self._user_profiler = False
+        self._compiling: Any = lambda: False
         self.written = False  # the outputs are out (pipeprof run's CLI)
         self.on_stop: Any = None  # called when --batches ends profiling
 
@@ -164,13 +168,16 @@ class Run:
 
         DataLoader.__init__ = __init__  # type: ignore[method-assign,assignment]
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
-        torch.Tensor.backward = tensor_backward  # type: ignore[method-assign,assignment]
-        handles = [
-            optim.register_optimizer_step_pre_hook(lambda *a: self._open("Optimizer")),
-            optim.register_optimizer_step_post_hook(lambda *a: self._close("Optimizer")),
-            nn_module.register_module_forward_pre_hook(self._forward_pre),
-            nn_module.register_module_forward_hook(self._forward_post, always_call=True),
-        ]
+        handles = []
+        if self.regions:
+            torch.Tensor.backward = tensor_backward  # type: ignore[method-assign,assignment]
+            self._compiling = torch.compiler.is_compiling
+            handles += [
+                optim.register_optimizer_step_pre_hook(lambda *a: self._open("Optimizer")),
+                optim.register_optimizer_step_post_hook(lambda *a: self._close("Optimizer")),
+                nn_module.register_module_forward_pre_hook(self._forward_pre),
+                nn_module.register_module_forward_hook(self._forward_post, always_call=True),
+            ]
 
         def undo() -> None:
             DataLoader.__init__ = orig_init  # type: ignore[method-assign,assignment]
@@ -215,11 +222,15 @@ class Run:
                 pass
 
     def _forward_pre(self, module: Any, args: Any) -> None:
+        if self._compiling():  # torch.compile traces the model: no Python timing in its graph
+            return
         self._depth += 1
         if self._depth == 1:
             self._open("Forward")
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            return
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             self._close("Forward")
