@@ -140,7 +140,7 @@ def stage_phrase(stages: list[str], facts: dict[str, Any]) -> str:
         return f"{stages[0]} limits"
     costs = facts["costs"]
     gap = 1 - costs[stages[-1]] / costs[stages[0]] if costs[stages[0]] else 0.0
-    return f"{' or '.join(stages)} (within {gap:.0%} of each other) limit"
+    return f"{' or '.join(stages)} (within {max(gap, 0.01):.0%} of each other) limit"
 
 
 def handover_led(loop: dict[str, Any], view: dict[str, Any]) -> bool:
