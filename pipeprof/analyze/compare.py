@@ -130,7 +130,7 @@ def _stage_half(row: dict[str, Any]) -> float | None:
     std, n, mean, per = (row.get(k) for k in ("std_ms", "count", "mean_ms", "per_sample_ms"))
     if std is None or not n or not mean or per is None:
         return None
-    return 1.96 * math.sqrt(2) * std / math.sqrt(n) * per / mean
+    return float(1.96 * math.sqrt(2) * std / math.sqrt(n) * per / mean)
 
 
 def _verdict(v: dict[str, Any]) -> dict[str, Any]:
