@@ -21,7 +21,7 @@ from pipelines import Sometimes
 from torch.utils.data import DataLoader
 
 import pipeprof
-from pipeprof.analyze.compare import delta
+from pipeprof.analyze.compare import delta, other_load
 from pipeprof.render.figures import num
 from pipeprof.report import Comparison, compare
 
@@ -283,6 +283,9 @@ def test_a_busier_machine_is_named_and_no_change_is_coloured(neighbours):
     keep the cores busy: pipeprof says the machine was busier and calls nothing better or
     worse, in JSON, text and HTML."""
     before = noisy_run()
+    idle = (lambda m: m and m["cpu_count"] - m["other_cores"])(other_load(before.to_dict()))
+    if not idle or idle < 1.0:  # a shared machine already full: no room to be busier
+        pytest.skip(f"other processes already use all but {idle} cores: nothing to add")
     neighbours(2)
     time.sleep(0.3)
     after = noisy_run(load_ms=5.0)
