@@ -292,3 +292,21 @@ class SlowCopy:
 
 def slow_copy_collate(samples):
     return SlowCopy(10.0)
+
+
+class Sometimes(Dataset):
+    """Loading a sample costs ``ms`` (sleep) with probability ``p``, else nothing: a wait that
+    varies from step to step, so identical runs differ (an unseeded RNG, as in real loaders)."""
+
+    def __init__(self, n: int, p: float, ms: float) -> None:
+        import random
+
+        self.n, self.p, self.ms, self.rng = n, p, ms, random.Random()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.rng.random() < self.p:
+            time.sleep(self.ms / 1e3)
+        return torch.zeros(3), i

@@ -255,7 +255,11 @@ def test_html_has_every_chart_and_the_reports_figures(loop, loader):
     # the waits shaded on the utilisation timeline: the loop waited at every step
     assert html.count('class="waiting"') == len(wait_periods(d)) > 10
     assert 'data-series="gpu0"' in html and 'data-series="cpu"' in html
-    assert f'data-kind="{d["verdict"]["kind"]}"><b>{escape(d["verdict"]["headline"])}</b>' in html
+    v = d["verdict"]
+    borderline = str(bool(v.get("borderline"))).lower()
+    assert (
+        f'data-kind="{v["kind"]}" data-borderline="{borderline}"><b>{escape(v["headline"])}</b>'
+    ) in html
     for path in d["stages"]:
         assert f'data-stage="{path}"' in html, path
     for f in d["findings"]:
@@ -418,7 +422,11 @@ def test_a_session_recorded_here_renders_the_same_figures_everywhere():
     for cells in rows:
         assert has_row(text, cells), cells
     html = report.render("html")
-    assert f'data-kind="{d["verdict"]["kind"]}"><b>{escape(headline)}</b>' in html
+    borderline = str(d["verdict"]["borderline"]).lower()
+    assert f'data-kind="{d["verdict"]["kind"]}" data-borderline="{borderline}"><b>' in html
+    assert f"<b>{escape(headline)}</b>" in html
+    lo, hi = d["verdict"]["wait_fraction_interval"]  # the card: where a rerun's wait lands
+    assert f"of step time waiting (a rerun: {pct(lo)}–{pct(hi)})" in html
     assert json.loads(report.render("json")) == d
     trace = json.loads(report.render("chrome"))
     assert trace["otherData"]["headline"] == headline

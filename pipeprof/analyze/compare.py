@@ -3,13 +3,18 @@
 ``compare_dicts(before, after)`` compares two report dictionaries as plain data (schema
 ``pipeprof-compare/1``); ``pipeprof.compare`` (report.py) wraps it in a ``Comparison`` that shows
 itself like a Report.
-Every figure is a *delta*: ``{before, after, change, ratio, improved}``, where ``change`` is
-``after - before``, ``ratio`` is ``after / before`` (None when before is 0 or n/a) and
-``improved`` says whether the change is for the better (None: unchanged within 2 %, or n/a).
+Every figure is a *delta*: ``{before, after, change, ratio, improved, noise, uncertain}``, where
+``change`` is ``after - before``, ``ratio`` is ``after / before`` (None when before is 0 or n/a),
+``improved`` says whether the change is for the better (None: unchanged within 2 %, n/a, or
+``uncertain``), ``noise`` is the 95 % half-width of a change between two runs of the same
+pipeline, from both files' spread (None: not known), and ``uncertain`` says why a change is not
+called better or worse: ``"noise"`` (within ``noise``) or ``"machine-load"`` (the two runs saw
+different load from other processes: ``machine``), else None.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pipeprof.analyze.stages import top_total, tree_order
@@ -18,16 +23,24 @@ from pipeprof.core.units import num, pct
 
 SCHEMA = "pipeprof-compare/1"
 SAME = 0.02  # relative changes below this count as unchanged
+# Other processes' CPU (cores) that differs by more than this between the runs makes their
+# times incomparable: at least half a core, or a tenth of the machine's cores.
+LOAD_CORES, LOAD_SHARE = 0.5, 0.10
 
 
-def delta(before: Any, after: Any, higher_is_better: bool = False) -> dict[str, Any]:
-    """One figure before and after (see the module docstring)."""
+def delta(
+    before: Any, after: Any, higher_is_better: bool = False, noise: float | None = None
+) -> dict[str, Any]:
+    """One figure before and after (see the module docstring); ``noise``: the 95 % half-width
+    of the change between two runs of the same pipeline, if known."""
     out: dict[str, Any] = {
         "before": before,
         "after": after,
         "change": None,
         "ratio": None,
         "improved": None,
+        "noise": None if noise is None else round(noise, 9),
+        "uncertain": None,
     }
     if before is None or after is None:
         return out
@@ -36,25 +49,49 @@ def delta(before: Any, after: Any, higher_is_better: bool = False) -> dict[str, 
         out["ratio"] = round(after / before, 6)
     scale = max(abs(before), abs(after))
     if scale and abs(after - before) / scale >= SAME:
-        out["improved"] = (after > before) == higher_is_better
+        if noise is not None and abs(after - before) <= noise:
+            out["uncertain"] = "noise"
+        else:
+            out["improved"] = (after > before) == higher_is_better
     return out
+
+
+def _both(hb: float | None, ha: float | None) -> float | None:
+    """The half-width of a difference of two runs whose rerun half-widths are ``hb`` and
+    ``ha`` (NOTE [ Run-to-run spread ] in analyze/loop.py)."""
+    return None if hb is None or ha is None else math.sqrt((hb * hb + ha * ha) / 2)
+
+
+def _rel(half: float | None, value: float | None) -> float | None:
+    return half / value if half is not None and value else None
 
 
 def _loop(b: dict[str, Any] | None, a: dict[str, Any] | None) -> dict[str, Any] | None:
     if not b or not a:
         return None
     vb, va = loop_view(b), loop_view(a)
+    pb, pa = b.get("spread") or {}, a.get("spread") or {}
     out = {
-        f"{k}_fraction": delta(vb.get(f"{k}_fraction"), va.get(f"{k}_fraction"))
+        f"{k}_fraction": delta(
+            vb.get(f"{k}_fraction"),
+            va.get(f"{k}_fraction"),
+            noise=_both(pb.get(f"{k}_fraction"), pa.get(f"{k}_fraction")),
+        )
         for k in ("wait", "transfer", "compute", "overhead")
     }
     out["compute_fraction"]["improved"] = None  # a bigger compute share is a symptom, not a goal
     sb, sa = b.get("step_ms") or {}, a.get("step_ms") or {}
-    out["step_mean_ms"] = delta(sb.get("mean_ms"), sa.get("mean_ms"))
+    step_noise = _both(pb.get("step_ms"), pa.get("step_ms"))
+    out["step_mean_ms"] = delta(sb.get("mean_ms"), sa.get("mean_ms"), noise=step_noise)
     out["step_p95_ms"] = delta(sb.get("p95_ms"), sa.get("p95_ms"))
     tb, ta = b.get("throughput") or {}, a.get("throughput") or {}
+    rb, ra = tb.get("effective_samples_per_s"), ta.get("effective_samples_per_s")
+    # a rate is samples over the steps' time: its relative spread is the mean step's
+    rel = _both(
+        _rel(pb.get("step_ms"), sb.get("mean_ms")), _rel(pa.get("step_ms"), sa.get("mean_ms"))
+    )
     out["samples_per_s"] = delta(
-        tb.get("effective_samples_per_s"), ta.get("effective_samples_per_s"), True
+        rb, ra, True, None if rel is None or not rb or not ra else rel * (rb + ra) / 2
     )
     out["startup_s"] = delta(b.get("startup_s"), a.get("startup_s"))
     out["gpu_idle_while_waiting_fraction"] = delta(
@@ -77,8 +114,9 @@ def _stages(b: dict[str, Any], a: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out = {}
     for path in tree_order([*sb, *sa]):  # a stage new in one report sits under its parent
         rb, ra = sb.get(path) or {}, sa.get(path) or {}
+        noise = _both(_stage_half(rb), _stage_half(ra))
         out[path] = {
-            "per_sample_ms": delta(rb.get("per_sample_ms"), ra.get("per_sample_ms")),
+            "per_sample_ms": delta(rb.get("per_sample_ms"), ra.get("per_sample_ms"), noise=noise),
             "per_batch_ms": delta(rb.get("per_batch_ms"), ra.get("per_batch_ms")),
             "p95_ms": delta(rb.get("p95_ms"), ra.get("p95_ms")),
             "share": delta(rb["total_s"] / tb if rb else None, ra["total_s"] / ta if ra else None),
@@ -86,8 +124,61 @@ def _stages(b: dict[str, Any], a: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _stage_half(row: dict[str, Any]) -> float | None:
+    """A stage's rerun half-width in ms per sample: its calls' spread (``std_ms`` over
+    ``count``), as for independent calls, scaled to per sample."""
+    std, n, mean, per = (row.get(k) for k in ("std_ms", "count", "mean_ms", "per_sample_ms"))
+    if std is None or not n or not mean or per is None:
+        return None
+    return float(1.96 * math.sqrt(2) * std / math.sqrt(n) * per / mean)
+
+
 def _verdict(v: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.get(k) for k in ("kind", "severity", "stage", "fraction", "headline")}
+    keys = ("kind", "severity", "stage", "stages", "fraction", "borderline", "headline")
+    return {k: v.get(k) for k in keys}
+
+
+def other_load(data: dict[str, Any]) -> dict[str, Any] | None:
+    """What other processes did to the machine during a run: ``other_cores``, the CPU (in
+    cores) that the host sampler saw used beyond the profiled processes, and ``cpu_count``;
+    None when the host was not sampled."""
+    host = data.get("host") or {}
+    util, cores = host.get("cpu_util_mean"), host.get("cpu_count")
+    if util is None or not cores:
+        return None
+    ours = sum(p.get("cpu_mean") or 0.0 for p in host.get("per_process") or []) / 100
+    return {"other_cores": round(max(0.0, util / 100 * cores - ours), 3), "cpu_count": cores}
+
+
+def machine(b: dict[str, Any], a: dict[str, Any], labels: tuple[str, str]) -> dict[str, Any]:
+    """Whether the two runs saw different load from other processes (``differs``), and a
+    ``note`` saying so."""
+    lb, la = other_load(b), other_load(a)
+    out: dict[str, Any] = {"before": lb, "after": la, "differs": False, "note": None}
+    if lb is None or la is None:
+        return out
+    cores = max(lb["cpu_count"], la["cpu_count"])
+    gap = la["other_cores"] - lb["other_cores"]
+    if abs(gap) >= max(LOAD_CORES, LOAD_SHARE * cores):
+        busier = labels[1] if gap > 0 else labels[0]
+        out["differs"] = True
+        out["note"] = (
+            f"the machine was busier during {busier}: other processes used "
+            f"{lb['other_cores']:.1f} of {cores} cores in {labels[0]}, {la['other_cores']:.1f} in "
+            f"{labels[1]}; changes in time may be the machine's, so none is called better or worse"
+        )
+    return out
+
+
+def _confound(data: dict[str, Any]) -> None:
+    """Every delta of ``data``: neither better nor worse, ``uncertain`` "machine-load"."""
+    if isinstance(data, dict):
+        if "improved" in data and "before" in data:
+            if data["improved"] is not None or data["uncertain"] == "noise":
+                data["improved"], data["uncertain"] = None, "machine-load"
+            return
+        for v in data.values():
+            _confound(v)
 
 
 def _findings(b: dict[str, Any], a: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -145,6 +236,9 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
         if vb["kind"] != va["kind"]
         else f"verdict: still {va['kind']}"
     ]
+    doubt = [data["labels"][k] for k, v in (("before", vb), ("after", va)) if v.get("borderline")]
+    if doubt:
+        lines[0] += f" (borderline in {' and '.join(doubt)})"
     loop = data.get("loop")
     rate = loop["samples_per_s"] if loop else data["overview"]["steady_samples_per_s"]
     if rate["before"] is not None and rate["after"] is not None:
@@ -184,6 +278,29 @@ def compare_dicts(
         "loop": _loop(before.get("loop"), after.get("loop")),
         "stages": _stages(before, after),
         "findings": _findings(before, after),
+        "machine": machine(before, after, labels),
     }
+    if data["machine"]["differs"]:
+        for key in ("overview", "loop", "stages"):
+            _confound(data[key])
+    data["notes"] = notes(data)
     data["summary"] = summary_lines(data)
     return data
+
+
+def notes(data: dict[str, Any]) -> list[str]:
+    """What to keep in mind before reading a change as better or worse."""
+    out = [data["machine"]["note"]] if data["machine"]["differs"] else []
+
+    def any_noise(d: Any) -> bool:
+        if isinstance(d, dict):
+            return d.get("uncertain") == "noise" or any(any_noise(v) for v in d.values())
+        return False
+
+    if any(any_noise(data[k]) for k in ("overview", "loop", "stages")):
+        out.append(
+            "~ marks a change within run-to-run noise (the 95% interval of a difference "
+            "between two runs of the same pipeline, from each run's spread): not called better "
+            "or worse"
+        )
+    return out

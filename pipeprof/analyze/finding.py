@@ -11,6 +11,9 @@ from typing import Any
 
 Finding = dict[str, Any]
 MAX_CORES = 4096
+# The limiting stage is named alone only when the next one costs at least this much less: two
+# stages closer than that trade places between identical runs (docs/findings.md).
+STAGE_MARGIN = 0.10
 
 
 def finding(
@@ -63,15 +66,19 @@ def pipeline_facts(report: dict[str, Any]) -> dict[str, Any]:
     for path, row in leaves(report["stages"]).items():
         in_workers = row["tracks"] and all(t.startswith("worker") for t in row["tracks"])
         costs[path] = row["total_s"] / (parallel if in_workers else 1)
-    limiting = max(costs, key=lambda p: costs[p]) if costs else None
+    ranked = sorted(costs, key=lambda p: costs[p], reverse=True)
+    top = costs[ranked[0]] if ranked else 0.0
+    group = [p for p in ranked if top > 0 and costs[p] >= (1 - STAGE_MARGIN) * top] or ranked[:1]
     if meta.get("limiting_stage") in report["stages"]:  # the collector knows better (tf.data)
-        limiting = meta["limiting_stage"]
+        group = [meta["limiting_stage"]]
+    limiting = group[0] if group else None
     pipeline_s = sum(r["total_s"] for r in leaves(report["stages"]).values()) or None
     return {
         "n_workers": n_workers,
         "cores": cores,
         "rate": rate,
         "limiting": limiting,
+        "limiting_group": group,  # the limiting stage and any within STAGE_MARGIN of it
         "costs": costs,
         "pipeline_s": pipeline_s,
         "workers": workers,

@@ -6,6 +6,7 @@ are cut).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pipeprof.core.series import mean_over_spans
@@ -13,6 +14,18 @@ from pipeprof.core.session import Session
 from pipeprof.core.stats import Stat, figures
 
 TIMELINE_ROWS = 2000
+# NOTE [ Run-to-run spread ]
+# Where a rerun of the same loop may land is estimated from the steps of this one, by batch
+# means: the recent steps of the verdict's view (the step ring) are cut into ``SPREAD_BLOCKS``
+# runs of consecutive steps, each block's figure (wait share, transfer share, mean step) is
+# computed, and their standard error is the standard error of the run's figure. Blocks, not
+# single steps, because steps are correlated (a worker's slow batch delays the next few), which
+# makes the spread of single steps understate how much a whole run can move. A rerun's figure
+# differs from this run's by the error of both, so the half-width that says where a rerun
+# lands (95 %) is Student's t times sqrt(2) times that standard error; the difference of two
+# runs, each with half-width h1, h2, is noise within sqrt((h1² + h2²) / 2).
+SPREAD_BLOCKS = 10
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262)  # df 1..9, two-sided
 
 
 def _parts(part: dict[str, Stat], h2d_s: float) -> dict[str, float]:
@@ -93,6 +106,7 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
             "wait_moved_to_gpu_compute_s": round(shift, 9),
         }
     )
+    out["spread"] = step_spread(session, steady=out["view"] == "steady")
     samples = session.samples
     eff = samples / out["wall_s"] if out["wall_s"] else None
     compute_rate = samples / total["compute_s"] if total["compute_s"] else None
@@ -130,6 +144,44 @@ def loop_floor(loop: dict[str, Any], samples_per_step: float) -> dict[str, float
         return None
     out = {f"{k}_ms": round(v, 6) for k, v in parts.items()}
     return {**out, "step_ms": round(total, 6), "samples_per_s": samples_per_step * 1e3 / total}
+
+
+def half_width(num: list[int], den: list[int], blocks: int = SPREAD_BLOCKS) -> float | None:
+    """The 95 % half-width of where a rerun's ``sum(num) / sum(den)`` lands, by batch means
+    (NOTE [ Run-to-run spread ]); None below two blocks of two steps."""
+    n = len(num)
+    k = min(blocks, n // 2)
+    if k < 2:
+        return None
+    ratios = []
+    for j in range(k):
+        lo, hi = j * n // k, (j + 1) * n // k
+        d = sum(den[lo:hi])
+        if d > 0:
+            ratios.append(sum(num[lo:hi]) / d)
+    if len(ratios) < 2:
+        return None
+    mean = sum(ratios) / len(ratios)
+    var = sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1)
+    return T95[len(ratios) - 2] * math.sqrt(2 * var / len(ratios))
+
+
+def step_spread(session: Session, steady: bool) -> dict[str, Any]:
+    """How far the loop's figures may move on a rerun: 95 % half-widths of the wait and
+    transfer shares (of wait + transfer + compute: the ring keeps no overhead) and of the mean
+    step in ms, from the recent steps of the view (NOTE [ Run-to-run spread ]). None: too few
+    steps to tell."""
+    rows = [r for r in session.loop.step_ring if not (steady and r[4])] if session.loop else []
+    steps = [r[1] + r[2] + r[3] for r in rows]
+    wait = half_width([r[1] for r in rows], steps)
+    transfer = half_width([r[2] for r in rows], steps)
+    step = half_width(steps, [1] * len(steps))
+    return {
+        "steps": len(rows),
+        "wait_fraction": None if wait is None else round(wait, 6),
+        "transfer_fraction": None if transfer is None else round(transfer, 6),
+        "step_ms": None if step is None else round(step / 1e6, 6),
+    }
 
 
 def steady_enough(steps: int, parts: dict[str, float]) -> bool:

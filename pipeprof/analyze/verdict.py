@@ -20,20 +20,34 @@ def loop_view(loop: dict[str, Any]) -> dict[str, Any]:
 
 def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
     """input-, transfer- or overhead-bound when that share of step time passes 5 % (high at
-    20 %) and is the largest non-compute share; compute-bound otherwise."""
+    20 %) and is the largest non-compute share; compute-bound otherwise. ``borderline`` when
+    the 95 % interval of the deciding share (``loop.spread``) holds a threshold."""
     view = loop_view(report["loop"])
     shares = {k: view.get(f"{k}_fraction") or 0.0 for k in ("wait", "transfer", "overhead")}
     part = max(shares, key=lambda k: shares[k])
     frac = shares[part]
     who = "the GPU" if (report.get("gpu") or {}).get("available") else "the loop"
+    doubt = _doubt(view, report["loop"].get("spread") or {}, part, shares)
     if frac < MODERATE_WAIT:
+        computing = view.get("compute_fraction") or 0.0
+        headline = f"compute-bound: {who} spent {computing:.0%} of step time computing"
+        if doubt["borderline"]:
+            lo, hi = doubt["interval"]
+            what = {"wait": "waited for data", "transfer": "copied batches"}[doubt["part"]]
+            headline = (
+                f"compute-bound, borderline: {who} {what} {shares[doubt['part']]:.0%} of the "
+                f"time ({_range(lo, hi)}, either side of the {MODERATE_WAIT:.0%} threshold)"
+            )
+        else:
+            headline += "; data was ready"
         return {
             "kind": "compute-bound",
             "severity": "low",
             "stage": None,
-            "fraction": round(view.get("compute_fraction") or 0.0, 4),
-            "headline": f"compute-bound: {who} spent "
-            f"{view.get('compute_fraction') or 0:.0%} of step time computing; data was ready",
+            "stages": [],
+            "fraction": round(computing, 4),
+            "headline": headline,
+            **_doubt_keys(doubt),
         }
     kind = {"wait": "input-bound", "transfer": "transfer-bound", "overhead": "overhead-bound"}[part]
     what = {
@@ -42,12 +56,19 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
         "overhead": "ran non-compute regions (logging, callbacks)",
     }[part]
     handover = part == "wait" and handover_led(report["loop"], view)
-    stage = (
-        (None if handover else facts["limiting"])
+    stages = (
+        ([] if handover else facts["limiting_group"])
         if part == "wait"
-        else ("transfer/h2d" if part == "transfer" else None)
+        else (["transfer/h2d"] if part == "transfer" else [])
     )
+    stage = stages[0] if stages else None
     headline = f"{kind}: {who} {what} {frac:.0%} of the time"
+    if doubt["borderline"]:
+        lo, hi = doubt["interval"]
+        headline = (
+            f"{kind}, borderline: {who} {what} {frac:.0%} of the time ({_range(lo, hi)}, "
+            f"either side of the {doubt['threshold']:.0%} threshold)"
+        )
     if handover:
         per_step = (view.get("handover_s") or 0.0) * 1e3 / max(1, view.get("steps") or 1)
         headline += (
@@ -55,17 +76,71 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
             f"process ({per_step:.2g} ms per step), not a slow stage"
         )
     elif stage and part == "wait":
-        headline += f"; {stage} limits the pipeline"
+        headline += f"; {stage_phrase(stages, facts)} the pipeline"
     out = {
         "kind": kind,
         "severity": "high" if frac >= HIGH_WAIT else "moderate",
         "stage": stage,
+        "stages": stages,
         "fraction": round(frac, 4),
         "headline": headline,
+        **_doubt_keys(doubt),
     }
     if part == "wait":
         out["cause"] = "hand-over" if handover else "starved"
     return out
+
+
+def _doubt(
+    view: dict[str, Any], spread: dict[str, Any], part: str, shares: dict[str, float]
+) -> dict[str, Any]:
+    """The 95 % interval of the share that decides the verdict (``part``; for a compute-bound
+    loop the wait or transfer share whose interval reaches highest) and the threshold inside it,
+    if any. Overhead has no interval (the step ring keeps none): never borderline."""
+    intervals = {}
+    for k in ("wait", "transfer"):
+        half = spread.get(f"{k}_fraction")
+        if half is not None and view.get(f"{k}_fraction") is not None:
+            f = view[f"{k}_fraction"]
+            intervals[k] = (max(0.0, f - half), min(1.0, f + half))
+    if shares[part] < MODERATE_WAIT and intervals:
+        part = max(intervals, key=lambda k: intervals[k][1])
+    interval = intervals.get(part)
+    threshold = None
+    if interval is not None:
+        threshold = next(
+            (t for t in (MODERATE_WAIT, HIGH_WAIT) if interval[0] < t <= interval[1]), None
+        )
+    return {
+        "part": part,
+        "interval": interval,
+        "wait_interval": intervals.get("wait"),
+        "threshold": threshold,
+        "borderline": threshold is not None,
+    }
+
+
+def _doubt_keys(doubt: dict[str, Any]) -> dict[str, Any]:
+    wait = doubt["wait_interval"]
+    return {
+        "borderline": doubt["borderline"],
+        "threshold": doubt["threshold"],
+        "wait_fraction_interval": None if wait is None else [round(wait[0], 4), round(wait[1], 4)],
+    }
+
+
+def _range(lo: float, hi: float) -> str:
+    return f"95% interval {lo * 100:.1f}–{hi * 100:.1f}%"
+
+
+def stage_phrase(stages: list[str], facts: dict[str, Any]) -> str:
+    """``load limits``, or ``load/decode or transform/ToTensor (within 6 % of each other)
+    limit`` when the runner-up is within ``STAGE_MARGIN`` (``pipeline_facts``)."""
+    if len(stages) < 2:
+        return f"{stages[0]} limits"
+    costs = facts["costs"]
+    gap = 1 - costs[stages[-1]] / costs[stages[0]] if costs[stages[0]] else 0.0
+    return f"{' or '.join(stages)} (within {max(gap, 0.01):.0%} of each other) limit"
 
 
 def handover_led(loop: dict[str, Any], view: dict[str, Any]) -> bool:
@@ -83,6 +158,7 @@ def empty_verdict(report: dict[str, Any]) -> dict[str, Any]:
         "kind": "balanced",
         "severity": "info",
         "stage": None,
+        "stages": [],
         "headline": f"nothing to attribute: {what} was measured{why}",
         "note": "run at least a few batches; any stage times shown are from what did run",
     }
@@ -91,11 +167,14 @@ def empty_verdict(report: dict[str, Any]) -> dict[str, Any]:
 def loader_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
     """A loader profiled alone has no compute to compare with: name what limits its rate."""
     path = facts["limiting"]
+    stages = facts["limiting_group"]
     rate = (report.get("steady") or {}).get("samples_per_s") or report["throughput"][
         "samples_per_s"
     ]
     headline = f"the loader delivers {rate or 0:.0f} samples/s"
-    if path:
+    if len(stages) > 1:
+        headline += f"; {stage_phrase(stages, facts)} it"
+    elif path:
         share = report["stages"][path]["total_s"] / (facts["pipeline_s"] or 1)
         headline += f"; {path} limits it ({share:.0%} of pipeline time)"
     wait = report.get("wait") or {}
@@ -108,6 +187,7 @@ def loader_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, A
         "kind": "balanced",
         "severity": "info",
         "stage": path,
+        "stages": stages,
         "headline": headline,
         "note": "loader profiled alone: wrap a training loop to attribute wait vs compute",
     }

@@ -29,7 +29,13 @@ CLASS = {True: "better", False: "worse", None: "same"}
 
 
 def change(d: dict[str, Any], kind: str = "value") -> str:
-    """``d``'s change: points for a fraction, ×ratio for a rate, a signed percentage else."""
+    """``d``'s change: points for a fraction, ×ratio for a rate, a signed percentage else; ``~``
+    before one within run-to-run noise."""
+    mark = "~" if d.get("uncertain") == "noise" else ""
+    return mark + _change(d, kind)
+
+
+def _change(d: dict[str, Any], kind: str) -> str:
     if d.get("change") is None:
         return "n/a" if d.get("before") is None or d.get("after") is None else ""
     if kind == "fraction":
@@ -105,6 +111,8 @@ def summary(data: dict[str, Any]) -> Iterator[RenderableType]:
         )
     ]
     parts += [_delta_table("figures", figure_rows(data), labels)]
+    if data.get("notes"):
+        parts += [Text("\n".join(f"note: {n}" for n in data["notes"]), style="dim")]
     stages = [
         ("  " * p.count("/") + p.rsplit("/", 1)[-1], d["per_sample_ms"], "value")
         for p, d in data["stages"].items()
@@ -145,6 +153,7 @@ def html_body(data: dict[str, Any]) -> str:
         f'<div class="verdict"><ul>{head}</ul></div>',
         table(figure_rows(data)),
     ]
+    parts += [f'<p class="dim note">note: {escape(n)}</p>' for n in data.get("notes") or []]
     loop = data.get("loop")
     if loop:
         views = [

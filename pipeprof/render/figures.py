@@ -136,6 +136,12 @@ def headline(data: dict[str, Any]) -> str:
     return str(v.get("headline") or v.get("kind") or "no verdict")
 
 
+def limiting_stages(data: dict[str, Any]) -> list[str]:
+    """The stages the verdict names: ``verdict.stages``, or its ``stage`` in older files."""
+    v = data.get("verdict") or {}
+    return list(v.get("stages") or ([v["stage"]] if v.get("stage") else []))
+
+
 def gpu_devices(data: dict[str, Any]) -> list[dict[str, Any]]:
     return list((data.get("gpu") or {}).get("devices") or [])
 

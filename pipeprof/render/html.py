@@ -16,6 +16,7 @@ from pipeprof.render.figures import (
     batch_waits,
     gpu_devices,
     headline,
+    limiting_stages,
     loop_view,
     num,
     overhead_line,
@@ -63,7 +64,11 @@ def cards(data: dict[str, Any]) -> str:
         view, _ = loop_view(loop)
         lt = loop.get("throughput") or {}
         out.append(_card(num(lt.get("effective_samples_per_s")), "samples/s"))
-        out.append(_card(pct(view.get("wait_fraction")), "of step time waiting"))
+        interval = (data.get("verdict") or {}).get("wait_fraction_interval")
+        label = "of step time waiting"
+        if interval:
+            label += f" (a rerun: {pct(interval[0])}–{pct(interval[1])})"
+        out.append(_card(pct(view.get("wait_fraction")), label))
         out.append(_card(num((loop.get("step_ms") or {}).get("mean_ms"), " ms"), "mean step"))
         if lt.get("speedup_if_data_free"):
             out.append(_card(f"×{lt['speedup_if_data_free']:.2f}", "if data were free"))
@@ -86,10 +91,10 @@ def cards(data: dict[str, Any]) -> str:
 def stage_rows(data: dict[str, Any]) -> str:
     stages = data.get("stages") or {}
     total = top_total(stages) or 1.0
-    limiting = (data.get("verdict") or {}).get("stage")
+    limiting = limiting_stages(data)
     out = []
     for path, r in stages.items():
-        cls = ' class="limiting"' if path == limiting else ""
+        cls = ' class="limiting"' if path in limiting else ""
         out.append(
             f"<tr{cls}><td>{'&nbsp;' * 3 * path.count('/')}{escape(path.rsplit('/', 1)[-1])}</td>"
             f"<td>{num(r.get('per_sample_ms'))}</td><td>{num(r.get('per_batch_ms'))}</td>"
@@ -183,7 +188,9 @@ def body(data: dict[str, Any]) -> str:
     parts = [
         f'<h1>pipeprof report</h1><p class="dim">{_describe(data)}</p>',
         f'<div class="verdict {escape(str(v.get("severity", "info")))}" '
-        f'data-kind="{escape(str(v.get("kind")))}"><b>{escape(headline(data))}</b>'
+        f'data-kind="{escape(str(v.get("kind")))}" '
+        f'data-borderline="{str(bool(v.get("borderline"))).lower()}">'
+        f"<b>{escape(headline(data))}</b>"
         + (f'<br><span class="dim">{escape(str(v["note"]))}</span>' if v.get("note") else "")
         + f"</div>{cards(data)}",
     ]

@@ -26,6 +26,7 @@ from pipeprof.render.figures import (
     balance,
     gpu_devices,
     headline,
+    limiting_stages,
     loop_view,
     num,
     overhead_line,
@@ -189,10 +190,10 @@ def stagetable(data: dict[str, Any]) -> RenderableType | None:
     t.add_column("p95 ms", justify="right")
     t.add_column("", no_wrap=True, width=BAR_WIDTH)
     total = top_total(stages) or 1.0
-    limiting = (data.get("verdict") or {}).get("stage")
+    limiting = limiting_stages(data)
     for path, row in stages.items():
         name = Text("  " * path.count("/") + path.rsplit("/", 1)[-1])
-        if path == limiting:
+        if path in limiting:
             name.stylize("bold")
         share = row["total_s"] / total
         t.add_row(
