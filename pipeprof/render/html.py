@@ -12,6 +12,7 @@ from typing import Any
 from pipeprof.render import charts, timelines
 from pipeprof.render.base import Profiled, Renderer
 from pipeprof.render.figures import (
+    coverage,
     balance,
     batch_waits,
     gpu_devices,
@@ -170,6 +171,9 @@ def _describe(data: dict[str, Any]) -> str:
         f"{data.get('batches')} batches, {data.get('samples')} samples in "
         f"{num(data.get('wall_s'))} s"
     )
+    covers = coverage(data)
+    if covers:
+        bits.append(f"the report {covers}")
     if data.get("interrupted"):
         bits.append("interrupted: partial results")
     return escape(" · ".join(bits))
