@@ -316,6 +316,8 @@ def rule_tf_interleave(report: dict[str, Any], facts: dict[str, Any]) -> Finding
     stage = bott.get("stage") or ""
     if tf is None or not (stage in READS or stage.startswith("load/")):
         return None
+    if (_op_of(tf, stage) or {}).get("utility"):  # a Keras utility's map reads files in parallel
+        return None
     inter = [op for op in tf.get("pipeline", []) if "Interleave" in op.get("op", "")]
     cores = int(facts.get("cores") or 1)
     if inter:

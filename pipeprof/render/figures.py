@@ -96,7 +96,7 @@ def wait_split(data: dict[str, Any]) -> str | None:
 
 
 def coverage(data: dict[str, Any]) -> str | None:
-    """"covers 6 of 16 steps" when the loop report covers fewer steps than the loop ran (Keras'
+    """ "covers 6 of 16 steps" when the loop report covers fewer steps than the loop ran (Keras'
     trace window), else None."""
     loop = data.get("loop") or {}
     total, steps = loop.get("steps_total"), loop.get("steps")

@@ -12,9 +12,9 @@ from typing import Any
 from pipeprof.render import charts, timelines
 from pipeprof.render.base import Profiled, Renderer
 from pipeprof.render.figures import (
-    coverage,
     balance,
     batch_waits,
+    coverage,
     gpu_devices,
     headline,
     loop_view,

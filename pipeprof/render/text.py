@@ -21,10 +21,10 @@ from rich.text import Text
 
 from pipeprof.render.base import Renderer
 from pipeprof.render.figures import (
-    coverage,
     SEVERITY_STYLE,
     STEP_PARTS,
     balance,
+    coverage,
     gpu_devices,
     headline,
     loop_view,

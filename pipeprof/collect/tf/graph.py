@@ -312,7 +312,9 @@ def _origin(fn: Any) -> dict[str, Any]:
     """Where a map's Python function was defined: ``file`` (base name) and ``line``, and the
     Keras utility it belongs to (``utility``) when Keras' own source defines it."""
     fn = inspect.unwrap(getattr(fn, "func", fn)) if fn is not None else None  # partial, wraps
-    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
+    code = getattr(fn, "__code__", None)
+    if code is None and callable(fn):  # a callable object: its class's __call__
+        code = getattr(type(fn).__call__, "__code__", None)
     if code is None:
         return {}
     path = os.path.abspath(code.co_filename)
