@@ -7,7 +7,15 @@ no Python seam sees it. The callback times each step from ``on_train_batch_begin
 profiler: the root iterator's ``GetNext`` events (``Iterator::Root``) that fall inside a step
 are the time that step waited for data, and the rest of the step is compute. The same trace
 gives the pipeline's stage breakdown (collect/tf/trace.py). The window stays inside one epoch's
-training steps (it ends at validation), and the report covers the traced steps only.
+training steps (it ends at validation), and the report covers the traced steps only; it says
+how many of all the steps that is (``meta.steps_total``).
+
+Start-up (the time to the first batch) happens before the window: the profiler starts at
+``on_train_begin`` already, and the trace of the first steps gives the first root ``GetNext``
+alone (their events stay out of the stage figures, as though the capture began with the
+window). Start-up is the time from the first epoch's begin to that batch: making the iterator
+(Keras does it before the first step's hook) plus the first ``GetNext`` inside the first step;
+compiling the train function is not part of it.
 
 Where the profiler cannot run, or with ``differential=True``, a differential run measures
 compute alone after training: ``train_on_batch`` on ``replay_batches`` batches cached in memory,
@@ -73,6 +81,10 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
         self._epoch_step = 0
         self._done = False
         self._untraced = [0, 0]  # steps outside the window and their ns: counted, not kept
+        self._epoch0: int | None = None  # when the first epoch began
+        self._first_step: tuple[int, int] | None = None  # the first step's hooks (begin, end)
+        self._startup_ns: int | None = None  # epoch begin to the first batch (from the trace)
+        self._capture_error: str | None = None
 
     # ---- Keras hooks ------------------------------------------------------------------------
 
@@ -83,9 +95,16 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
         if self.dataset is not None:
             self._pipeline = tf_graph.describe(self.dataset)
         s.meta.update(self._describe())
+        capture = Capture()  # from here, for the start-up (see the NOTE above)
+        if capture.start():
+            self._capture = capture
+        else:
+            self._capture_error = capture.error
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch_step = 0
+        if self._epoch0 is None:
+            self._epoch0 = clock()
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         if self._global >= self.skip_steps and not self._done and not self._window:
@@ -96,6 +115,8 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         end = clock()
+        if self._global == 0:
+            self._first_step = (self._begin, end)
         if self._window:
             self._steps.append([self._begin, end, int(self._epoch_step == 0), 0])
             if len(self._steps) >= self.trace_steps:
@@ -115,7 +136,7 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             self._stop()
 
     def on_train_end(self, logs: Any = None) -> None:
-        if self._window:
+        if self._window or self._capture is not None:  # no window: too few steps
             self._stop()
         if self.differential or (self._steps and not self._traced()):
             self._differential()
@@ -129,13 +150,11 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
 
     def _start(self) -> None:
         self._window = True
-        capture = Capture()
-        if capture.start():
-            self._capture = capture
+        if self._capture is not None:
             return
         self.session.notes.append(
-            f"the TensorFlow profiler could not run ({capture.error}): a differential run on "
-            "cached batches estimates compute instead (pass dataset= to allow it)"
+            f"the TensorFlow profiler could not run ({self._capture_error}): a differential run "
+            "on cached batches estimates compute instead (pass dataset= to allow it)"
         )
 
     def _stop(self) -> None:
@@ -146,14 +165,28 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             self._steps[-1][3] = self._steps[-1][1]  # the gap after the window is not measured
         if capture is None:
             return
+        if not self._steps:  # the run ended before the window: nothing to report
+            capture.stop()
+            return
         known = {op["dataset"] for op in self._pipeline["ops"] if op.get("dataset")}
-        until = self._steps[-1][1] if self._steps else None
-        trace = tf_trace.stop(capture, known, fresh=False, until_ns=until)
+        since, until = self._steps[0][0], self._steps[-1][1]
+        trace = tf_trace.stop(capture, known, fresh=False, until_ns=until, since_ns=since)
         if trace is None:
             self.session.notes.append(f"the profiler trace could not be read ({capture.error})")
             return
         merge_trace(self.session, trace, self._pipeline)
         self._assign_waits(trace.roots)
+        self._startup_ns = self._startup(trace.first_root)
+
+    def _startup(self, root: tuple[int, int] | None) -> int | None:
+        """From the first epoch's begin to the first batch: making the iterator, then the first
+        root GetNext if it ran inside the first step (else it is not known)."""
+        if root is None or self._first_step is None or self._epoch0 is None:
+            return None
+        begin, end = self._first_step
+        if not begin <= root[0] <= end:
+            return None
+        return max(0, begin - self._epoch0) + min(root[1], end - root[0])
 
     def _traced(self) -> bool:
         return bool(self.session.meta.get("tf", {}).get("method") == "profiler")
@@ -254,9 +287,12 @@ class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-def
             compute = max(0, step - wait)
             self._add_step(begin, wait, compute, overhead, bool(first), per, execution)
         log.fold()
+        # the first traced step's wait is not the start-up unless it is the run's first step
+        log.record.startup_ns = s.first_batch_ns = self._startup_ns
         s.start_ns = steps[0][0]
         s.end_ns = max(steps[-1][1], steps[-1][3])
         log.record.epochs = max(1, len({i for i, st in enumerate(steps) if st[2]}))
+        s.meta["steps_total"] = self._global
         s.meta.setdefault("keras", {}).update(
             {
                 "traced_steps": len(steps),

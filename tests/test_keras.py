@@ -73,6 +73,8 @@ def test_input_bound_fit(input_bound):
     assert loop["steady"]["wait_fraction"] > 0.6
     assert data_["meta"]["keras"]["wait_method"] == "profiler"
     assert data_["meta"]["tf"]["bottleneck"]["stage"] == "transform/load_fn"
+    f = {x["id"]: x for x in data_["findings"]}["tf-bottleneck"]
+    assert f["severity"] == "warning" and "load_fn limits the pipeline" in f["message"]
     # in situ a py_function also waits for the GIL, which its own clock does not see
     load_ms = data_["stages"]["transform/load_fn"]["mean_ms"]
     assert per_sample_ms <= load_ms * 1.02 and load_ms == pytest.approx(per_sample_ms, rel=0.20)
@@ -110,6 +112,38 @@ def test_compute_bound_fit():
     assert data_["verdict"]["kind"] == "compute-bound", data_["verdict"]
     assert data_["loop"]["steps"] == 8
     assert data_["loop"]["steady"]["wait_fraction"] < 0.05
+    # TensorFlow's rule always names the most blocking iterator (here the prefetch hand-over,
+    # microseconds a step): that limits nothing in a compute-bound loop
+    blocked = data_["meta"]["tf"]["bottleneck"]
+    f = {x["id"]: x for x in data_["findings"]}["tf-bottleneck"]
+    assert f["severity"] == "info" and f["message"].startswith("no tf.data stage limits"), f
+    assert f["evidence"]["loop_share"] < 0.05 and blocked["blocking_s"] < 0.05 * data_["wall_s"]
+
+
+def slow_start(seconds: float, batches: int):
+    """Batches from a generator that takes ``seconds`` to open (a file listing, a connection)."""
+    xs = np.zeros((batches * BATCH, 32), np.float32)
+    ys = np.zeros((batches * BATCH, 1), np.float32)
+
+    def gen():
+        time.sleep(seconds)
+        yield from zip(xs, ys)
+
+    spec = (tf.TensorSpec((32,), tf.float32), tf.TensorSpec((1,), tf.float32))
+    return tf.data.Dataset.from_generator(gen, output_signature=spec).batch(BATCH).prefetch(1)
+
+
+def test_the_report_says_which_steps_it_covers_and_measures_start_up():
+    ds = slow_start(0.4, batches=12)
+    cb = pipeprof.keras.ProfilerCallback(ds, trace_steps=4)
+    model(16).fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    report = cb.report()
+    loop = report.to_dict()["loop"]
+    assert (loop["steps"], loop["steps_total"]) == (4, 12)  # 2 skipped, 4 traced, 6 after
+    assert "covers 4 of 12 steps" in " ".join(report.render("text").replace("│", " ").split())
+    assert "covers 4 of 12 steps" in report.render("html")
+    # the generator's 0.4 s before the first batch, seen in the first step (not traced as one)
+    assert 0.4 <= loop["startup_s"] < 0.4 + 0.3, loop["startup_s"]
 
 
 def test_differential_run_restores_the_model():

@@ -345,3 +345,88 @@ def test_bench_times_each_op_of_a_tf_pipeline_prefix_by_prefix(tmp_path):
         b.predict(workers=4)
     with pytest.raises(ValueError, match="as it is"):
         pipeprof.bench(ds, workers=[1, 2])
+
+
+def double(x):
+    return x * 2
+
+
+def test_stages_are_named_for_your_functions_in_pipeline_order():
+    """A named function keeps its name, a lambda is named by where it was written, and the
+    rows run source first, maps in the order they run, then collate (map + batch are fused
+    into one op by TensorFlow here: its own time outside the function is the batching)."""
+    half = lambda x: x // 2  # the lambda under test
+    line = half.__code__.co_firstlineno
+    ds = tf.data.Dataset.range(64).map(double).map(half).batch(8).prefetch(1)
+    data = pipeprof.profile(ds).to_dict()
+    stages = list(data["stages"])
+    maps = [s for s in stages if s.startswith("transform/")]
+    assert maps == ["transform/double", f"transform/lambda@test_tfdata.py:{line}"], stages
+    assert stages[:6] == ["load", "load/Range", "transform", *maps, "collate"], stages
+    assert data["stages"]["collate"]["count"] >= 32  # elements placed into batches
+    ops = {op.get("stage"): op for op in data["meta"]["tf"]["pipeline"]}
+    assert (ops[maps[1]]["file"], ops[maps[1]]["line"]) == ("test_tfdata.py", line)
+
+
+def write_images(root, size: int, n: int = 20):
+    """Two class folders of ``n`` PNG and JPEG images each, ``size``×``size``."""
+    for c, name in enumerate(("cat", "dog")):
+        (root / name).mkdir()
+        for i in range(n):
+            image = tf.random.stateless_uniform((size, size, 3), (i, c), maxval=255)
+            image = tf.cast(image, tf.uint8)
+            data = tf.io.encode_png(image) if i % 2 else tf.io.encode_jpeg(image)
+            tf.io.write_file(str(root / name / f"{i}.{'png' if i % 2 else 'jpg'}"), data)
+    return root
+
+
+def flip(images, labels):
+    return tf.image.flip_left_right(images), labels
+
+
+@pytest.mark.timing
+def test_keras_image_utility_reads_and_decodes_under_load(tmp_path):
+    """image_dataset_from_directory's own map (read, decode, resize each file) is part of
+    getting a sample: ``load/decode``, not the user's transform; fixes say how to change it
+    from outside the utility, and the batches are those of the dataset."""
+    keras = pytest.importorskip("keras")
+    folder = write_images(tmp_path, 320)  # costly to decode, resized small: flip is cheap
+    ds = keras.utils.image_dataset_from_directory(
+        str(folder), image_size=(32, 32), batch_size=4, shuffle=False, verbose=False
+    ).map(flip)
+    session = Session(framework="tf")
+    got = [(x.numpy(), y.numpy()) for x, y in ProfiledDataset(ds, session)]
+    want = [(x.numpy(), y.numpy()) for x, y in ds]
+    assert all((a == c).all() and (b == d).all() for (a, b), (c, d) in zip(got, want))
+    assert len(got) == len(want) == 10
+
+    data = pipeprof.profile(ds).to_dict()
+    stages = list(data["stages"])
+    assert [s for s in stages if s.startswith(("load/", "transform/"))] == [
+        "load/TensorSlice",
+        "load/decode",
+        "transform/flip",
+    ], stages
+    assert "collate" in stages
+    decode = next(op for op in data["meta"]["tf"]["pipeline"] if op.get("stage") == "load/decode")
+    assert decode["utility"] == "keras.utils.image_dataset_from_directory"
+    found = {f["id"]: f for f in data["findings"]}
+    assert data["meta"]["tf"]["bottleneck"]["stage"] == "load/decode"
+    fix = found["tf-bottleneck"]["fix"]
+    assert "batch_size=None" in fix and ".cache()" in fix and "batch before" not in fix
+    assert "tf-interleave" not in found  # no TFRecord shards to interleave here
+    assert "image_dataset_from_directory(...) returns" in found["tf-cache"]["fix"]
+
+
+def test_a_keras_utility_map_is_never_asked_to_batch_first(tmp_path):
+    """A cheap per-element map that takes most of the work gets tf-vectorise (batch first,
+    then map) when it is yours; inside a Keras utility nobody can move it, so it never does."""
+    keras = pytest.importorskip("keras")
+    ds = keras.utils.image_dataset_from_directory(
+        str(write_images(tmp_path, 4)), image_size=(4, 4), batch_size=20, verbose=False
+    )
+    data = pipeprof.profile(ds).to_dict()
+    decode = data["stages"]["load/decode"]  # what would earn tf-vectorise were it the user's
+    pipeline_s = sum(r["total_s"] for p, r in data["stages"].items() if "/" not in p)
+    assert decode["mean_ms"] < 0.2 and decode["total_s"] / pipeline_s >= 0.2
+    assert "tf-vectorise" not in {f["id"] for f in data["findings"]}

@@ -90,6 +90,8 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
     out.update(
         {
             "steps": loop.steps,
+            # the steps the loop ran, where the report covers fewer (Keras' trace window)
+            "steps_total": session.meta.get("steps_total"),
             "epochs": loop.epochs,
             "startup_s": round(loop.startup_ns / 1e9, 9) if loop.startup_ns is not None else None,
             "steady": {"steps": n_steady, **_fractions(p_steady, steady)},

@@ -25,6 +25,8 @@ READS = frozenset(
 CACHE_SHARE = 0.30  # load stages above this share of pipeline work: caching pays
 VECTORISE_MS = 0.2  # a map cheaper than this per element is mostly per-call overhead
 VECTORISE_SHARE = 0.20
+READY_MS = 0.05  # TensorFlow: a next() that returns within 50 µs found its data ready
+LOOP_SHARE = 0.05  # TensorFlow: a step is moderately input-bound from 5 % waiting
 
 
 def _tf(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -34,10 +36,32 @@ def _tf(report: dict[str, Any]) -> dict[str, Any] | None:
     return tf if isinstance(tf, dict) else None
 
 
+def stage_of(op: dict[str, Any]) -> str | None:
+    """The stage a pipeline op's function is timed under (files before ``stage`` was kept:
+    ``transform/<label>``)."""
+    if op.get("stage"):
+        return str(op["stage"])
+    return f"transform/{op['label']}" if op.get("label") else None
+
+
 def _op_of(tf: dict[str, Any], stage: str) -> dict[str, Any] | None:
-    """The pipeline op (from the graph) behind a ``transform/<label>`` stage."""
-    label = stage.split("/", 1)[1] if stage.startswith("transform/") else None
-    return next((op for op in tf.get("pipeline", []) if op.get("label") == label), None)
+    """The pipeline op (from the graph) behind a map's stage."""
+    return next((op for op in tf.get("pipeline", []) if stage_of(op) == stage), None)
+
+
+def code_name(op: dict[str, Any]) -> str:
+    """The user's function as code would name it: ``augment``, or ``<lambda at train.py:42>``."""
+    fn = str(op.get("fn") or "?")
+    if fn == "lambda" and op.get("line"):
+        return f"<lambda at {op.get('file')}:{op['line']}>"
+    return fn
+
+
+def _before_batch(tf: dict[str, Any], op: dict[str, Any]) -> bool:
+    """``op`` runs on elements, before the pipeline's first batching op."""
+    ops = tf.get("pipeline", [])
+    at = next((i for i, o in enumerate(ops) if "Batch" in o.get("op", "")), len(ops))
+    return any(o is op for o in ops[:at]) and "Batch" not in op.get("op", "")
 
 
 def _iterator_of(tf: dict[str, Any], stage: str) -> dict[str, Any] | None:
@@ -84,6 +108,9 @@ def rule_tf_bottleneck(report: dict[str, Any], facts: dict[str, Any]) -> Finding
         "per_element_ms": per_ms,
         "cores": cores,
     }
+    slight = _slight(report, tf, bott, evidence)
+    if slight:
+        return finding("tf-bottleneck", "info", stage, slight, evidence, "none needed")
     msg = (
         f"{stage} limits the pipeline: {bott['share']:.0%} of the time the consumer was "
         f"blocked is spent there (TensorFlow's rule)"
@@ -94,13 +121,49 @@ def rule_tf_bottleneck(report: dict[str, Any], facts: dict[str, Any]) -> Finding
     return finding("tf-bottleneck", severity, stage, msg, evidence, fix)
 
 
+def _slight(
+    report: dict[str, Any], tf: dict[str, Any], bott: dict[str, Any], evidence: dict[str, Any]
+) -> str | None:
+    """Why the blocking TensorFlow's rule found does not limit anything, or None if it may.
+
+    The rule always names the iterator with the most blocking, however little there was. It
+    matters only if a batch was not ready when asked for: more than ``READY_MS`` of blocking
+    per batch (TensorFlow's "a next() within 50 µs means data was ready"), and in a training
+    loop at least ``LOOP_SHARE`` of its time (TensorFlow's moderately input-bound step)."""
+    calls = max(1, int(tf.get("root_calls") or 1))
+    per_batch_ms = bott["blocking_s"] * 1e3 / calls
+    wall = (report.get("loop") or {}).get("wall_s")
+    share = bott["blocking_s"] / wall if wall else None
+    evidence.update(
+        {"blocking_ms_per_batch": round(per_batch_ms, 6), "loop_share": share and round(share, 6)}
+    )
+    if per_batch_ms > READY_MS and (share is None or share >= LOOP_SHARE):
+        return None
+    why = (
+        "data was ready when asked for"
+        if per_batch_ms <= READY_MS
+        else f"below the {LOOP_SHARE:.0%} of a step at which TensorFlow calls it input-bound"
+    )
+    where = f" of a {wall:.3g} s loop ({share:.2%})" if share is not None else ""
+    return (
+        f"no tf.data stage limits this run: the consumer was blocked "
+        f"{bott['blocking_s'] * 1e3:.3g} ms in all{where}, {per_batch_ms * 1e3:.3g} µs per "
+        f"batch: {why} (most of it in {bott['stage']})"
+    )
+
+
 def _fix_for(
     tf: dict[str, Any], stage: str, per_ms: float | None, cores: int, evidence: dict[str, Any]
 ) -> str:
     rate = f"{1000 / per_ms:.0f}" if per_ms else "?"
+    op = _op_of(tf, stage)
+    if op is not None and op.get("utility"):
+        par, _ = _parallelism(tf, stage)
+        evidence.update({"num_parallel_calls": par, "utility": op["utility"]})
+        return utility_fix(op, stage, par)
     if stage.startswith("transform/"):
-        op = _op_of(tf, stage) or {}
-        fn = stage.split("/", 1)[1]
+        op = op or {}
+        fn = code_name(op) if op else stage.split("/", 1)[1]
         par, autotune = _parallelism(tf, stage)
         evidence.update(
             {
@@ -131,10 +194,14 @@ def _fix_for(
                 f"num_parallel_calls={par} leaves cores idle: use tf.data.AUTOTUNE "
                 f"(up to {cores} calls, about {cores / par:.1f}× the rate)."
             ) + gil
+        vectorise = (
+            "batch before mapping so it runs once per batch (vectorised), "
+            if _before_batch(tf, op)
+            else ""
+        )
         return (
             f"{fn} already runs {par} calls in parallel on {cores} cores: make it cheaper, "
-            "batch before mapping so it runs once per batch (vectorised), or cache() its "
-            "output if it is deterministic."
+            f"{vectorise}or cache() its output if it is deterministic."
         ) + gil
     if stage in READS or stage.startswith("load/"):
         return (
@@ -155,6 +222,28 @@ def _fix_for(
     return (
         f"{stage} blocks the consumer while no stage upstream was seen working: the pipeline's "
         "threads were short of CPU; give tf.data more cores or make its stages cheaper"
+    )
+
+
+def utility_fix(op: dict[str, Any], stage: str, par: int | None) -> str:
+    """How to change a map that runs inside a Keras utility: from the outside, through the
+    utility's own arguments or on what it returns."""
+    name = op["utility"]
+    calls = f"{par} parallel calls" if par else "parallel calls"
+    image = "image_dataset" in name
+    return (
+        f"{stage} is {name}'s own map ({calls}, AUTOTUNE): you cannot edit it, but you can "
+        f"cache what it makes — ds = {name}(...).cache() before your own maps keeps the "
+        "decoded samples in memory from the second epoch on (cache(filename) if they do not "
+        "fit)"
+        + (
+            "; store the images at the image_size= you train on, which makes decoding cheaper "
+            "and the resize a no-op"
+            if image
+            else ""
+        )
+        + f"; to batch or map in your own order, call {name}(..., batch_size=None) and "
+        "batch yourself"
     )
 
 
@@ -198,6 +287,13 @@ def rule_tf_cache(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     if not total or load / total < CACHE_SHARE or card in ("infinite", None):
         return None
     per_ms = load * 1e3 / max(report.get("samples") or 1, 1)
+    utility = next((op["utility"] for op in tf["pipeline"] if op.get("utility")), None)
+    where = (
+        f"call .cache() on what {utility}(...) returns, before your own maps: it"
+        if utility
+        else ".cache() after the deterministic part (reading, parsing, decoding) and before "
+        "random augmentation"
+    )
     return finding(
         "tf-cache",
         "info",
@@ -208,8 +304,7 @@ def rule_tf_cache(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
             "load_per_sample_ms": round(per_ms, 6),
             "cardinality": card,
         },
-        f".cache() after the deterministic part (reading, parsing, decoding) and before random "
-        f"augmentation saves about {per_ms:.3g} ms per sample from the second epoch on, if the "
+        f"{where} saves about {per_ms:.3g} ms per sample from the second epoch on, if the "
         "data fits in memory (cache(filename) otherwise)",
     )
 
@@ -220,6 +315,8 @@ def rule_tf_interleave(report: dict[str, Any], facts: dict[str, Any]) -> Finding
     bott = (tf or {}).get("bottleneck") or {}
     stage = bott.get("stage") or ""
     if tf is None or not (stage in READS or stage.startswith("load/")):
+        return None
+    if (_op_of(tf, stage) or {}).get("utility"):  # a Keras utility's map reads files in parallel
         return None
     inter = [op for op in tf.get("pipeline", []) if "Interleave" in op.get("op", "")]
     cores = int(facts.get("cores") or 1)
@@ -265,10 +362,10 @@ def rule_tf_vectorise(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     total = sum(work.values()) or 0.0
     best: tuple[float, dict[str, Any], dict[str, Any]] | None = None
     for op in ops[:batch_at]:
-        stage = f"transform/{op.get('label')}"
+        stage = stage_of(op) or ""
         row = (report.get("stages") or {}).get(stage)
-        if not op.get("label") or op.get("py_function") or not row or "Map" not in op["op"]:
-            continue
+        if op.get("py_function") or op.get("utility") or not row or "Map" not in op["op"]:
+            continue  # a Keras utility's map cannot be moved after its batch
         share = work.get(stage, 0.0) / total if total else 0.0
         cheap = (row.get("mean_ms") or 1e9) < VECTORISE_MS and share >= VECTORISE_SHARE
         if cheap and (best is None or share > best[0]):
@@ -276,16 +373,17 @@ def rule_tf_vectorise(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     if best is None:
         return None
     share, op, row = best
+    fn = code_name(op)
     size = ops[batch_at].get("batch_size")
     return finding(
         "tf-vectorise",
         "info",
-        f"transform/{op['label']}",
-        f"{op['fn']} runs once per element at {row['mean_ms'] * 1e3:.0f} µs, mostly the fixed "
+        stage_of(op),
+        f"{fn} runs once per element at {row['mean_ms'] * 1e3:.0f} µs, mostly the fixed "
         f"cost of a function call, and takes {share:.0%} of the pipeline's work",
         {"per_element_ms": row["mean_ms"], "share": round(share, 4), "batch_size": size},
-        f"batch first, then map: .batch({size or 'B'}).map({op['fn']}) calls it once per batch "
-        f"({size or 'B'}× fewer calls) if {op['fn']} works on a batch (most TensorFlow ops do)",
+        f"batch first, then map: .batch({size or 'B'}).map({fn}) calls it once per batch "
+        f"({size or 'B'}× fewer calls) if it works on a batch (most TensorFlow ops do)",
     )
 
 

@@ -95,6 +95,16 @@ def wait_split(data: dict[str, Any]) -> str | None:
     )
 
 
+def coverage(data: dict[str, Any]) -> str | None:
+    """ "covers 6 of 16 steps" when the loop report covers fewer steps than the loop ran (Keras'
+    trace window), else None."""
+    loop = data.get("loop") or {}
+    total, steps = loop.get("steps_total"), loop.get("steps")
+    if not total or steps is None or steps >= total:
+        return None
+    return f"covers {steps} of {total} steps"
+
+
 def workers_phrase(meta: dict[str, Any]) -> str:
     """``2 workers (fork)``, ``1 worker (spawn)``, or ``no workers (loading in the main
     process)``."""

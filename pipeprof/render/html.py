@@ -14,6 +14,7 @@ from pipeprof.render.base import Profiled, Renderer
 from pipeprof.render.figures import (
     balance,
     batch_waits,
+    coverage,
     gpu_devices,
     headline,
     limiting_stages,
@@ -175,6 +176,9 @@ def _describe(data: dict[str, Any]) -> str:
         f"{data.get('batches')} batches, {data.get('samples')} samples in "
         f"{num(data.get('wall_s'))} s"
     )
+    covers = coverage(data)
+    if covers:
+        bits.append(f"the report {covers}")
     if data.get("interrupted"):
         bits.append("interrupted: partial results")
     return escape(" · ".join(bits))

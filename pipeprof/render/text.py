@@ -24,6 +24,7 @@ from pipeprof.render.figures import (
     SEVERITY_STYLE,
     STEP_PARTS,
     balance,
+    coverage,
     gpu_devices,
     headline,
     limiting_stages,
@@ -84,10 +85,12 @@ def overview(data: dict[str, Any]) -> RenderableType:
     t.add_column()
     loop = data.get("loop")
     if loop:
+        covers = coverage(data)
         t.add_row(
             "steps",
             f"{loop.get('steps', 0)} ({data['samples']} samples) in "
-            f"{data['wall_s']:.2f} s, {loop.get('epochs') or 1} epoch(s)",
+            f"{data['wall_s']:.2f} s, {loop.get('epochs') or 1} epoch(s)"
+            + (f"; the report {covers}" if covers else ""),
         )
         lt = loop.get("throughput") or {}
         t.add_row("throughput", f"{num(lt.get('effective_samples_per_s'))} samples/s")

@@ -212,18 +212,21 @@ def merge_trace(session: Session, trace: Trace, pipeline: dict[str, Any]) -> Non
     rows: list[dict[str, Any]] = []
     blocking: dict[str, int] = {}
     spans = 0
-    for it in trace.iterators.values():
+    for it in _pipeline_order(trace, pipeline):
         path = tf_graph.stage_for(it.kind, it.dataset, ops)
-        if path is not None and it.items:
-            stat = Stat.of_many([ns for _, ns, _ in it.items], [1] * len(it.items))
-            have = stages.get(path)
+        parts = [(path, it.items), ("collate", it.batch_items)]  # fused map-and-batch: both
+        for stage, items in parts:
+            if stage is None or not items:
+                continue
+            stat = Stat.of_many([ns for _, ns, _ in items], [1] * len(items))
+            have = stages.get(stage)
             if have is None:
-                stages[path] = stat
+                stages[stage] = stat
             else:
                 have.merge(stat)
-            for start, ns, line in it.items[: max(0, SPANS_PER_TRACE - spans)]:
-                session.spans.append((line, path, start, ns))
-            spans += len(it.items)
+            for start, ns, line in items[: max(0, SPANS_PER_TRACE - spans)]:
+                session.spans.append((line, stage, start, ns))
+            spans += len(items)
         if path is not None and it.kind != "Root":
             blocking[path] = blocking.get(path, 0) + it.blocking_ns
         rows.append(_row(it, path))
@@ -251,6 +254,19 @@ def merge_trace(session: Session, trace: Trace, pipeline: dict[str, Any]) -> Non
             },
         }
         session.meta["limiting_stage"] = path
+
+
+def _pipeline_order(trace: Trace, pipeline: dict[str, Any]) -> list[Any]:
+    """The trace's iterators source first (the deepest iterator is nearest the source), then
+    by the op's place in the graph: the stage table lists stages in the order they first
+    appear, so maps show in the order they run."""
+    place = {op["dataset"]: i for i, op in enumerate(pipeline["ops"]) if op.get("dataset")}
+
+    def key(it: Any) -> tuple[int, int]:
+        at = [place[n] for n in tf_graph.fused_names(it.dataset) if n in place]
+        return (-it.long_name.count("::"), min(at, default=len(place)))
+
+    return sorted(trace.iterators.values(), key=key)
 
 
 def _row(it: Any, path: str | None) -> dict[str, Any]:

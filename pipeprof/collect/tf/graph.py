@@ -6,11 +6,24 @@ its iterator events in a profiler trace, even after TensorFlow's graph rewrites 
 parallel keeps its name; fused ops are named ``fused(ParallelMapDatasetV2:1,BatchDatasetV2:2)``).
 Function attrs name the user's function (``__inference_Dataset_map_parse_record_56``), and the
 parameters (``num_parallel_calls``, ``cycle_length``, batch and buffer sizes) are Const inputs.
+
+NOTE [ Stage names in the user's words ]
+The graph knows a function only by the name it was traced under: every ``lambda`` is
+``lambda``, and a Keras utility's own map looks like the user's. The Python objects behind the
+dataset still hold the callables (``python_functions``), matched to graph functions by name, so:
+a named function keeps its name (``transform/augment``); a lambda is named by where it was
+written (``transform/lambda@train.py:42``); a function defined in Keras' own source
+(``image_dataset_from_directory`` reading and decoding each file) is part of getting a sample,
+not the user's transform: ``load/decode`` when its body decodes (``Decode*`` ops), else
+``load/read``, with the utility recorded (``utility``) so a fix can say how to change it there.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 import re
+import sys
 from typing import Any
 
 #: tf.data iterator kinds (the last part of an iterator event's name) by pipeprof stage.
@@ -128,6 +141,27 @@ _HEAD_PARAMS = {
     "ShuffleDataset": ("buffer_size",),
     "ShuffleAndRepeatDatasetV2": ("buffer_size",),
 }
+#: Graph ops that run a map-like function once per element (the stage is the function's).
+_MAP_OPS = frozenset(
+    {
+        "MapDataset",
+        "ParallelMapDataset",
+        "ParallelMapDatasetV2",
+        "MapAndBatchDataset",
+        "ExperimentalMapAndBatchDataset",
+        "FilterDataset",
+        "ScanDataset",
+        "ExperimentalScanDataset",
+    }
+)
+#: Keras' input utilities by the module that defines them (keras/src/utils/<stem>_utils.py).
+KERAS_UTILITIES = {
+    "image_dataset": "image_dataset_from_directory",
+    "text_dataset": "text_dataset_from_directory",
+    "audio_dataset": "audio_dataset_from_directory",
+    "timeseries_dataset": "timeseries_dataset_from_array",
+    "dataset": "split_dataset",
+}
 _PY_OPS = frozenset({"PyFunc", "EagerPyFunc", "PyFuncStateless"})
 _TRANSFORMATIONS = (
     "map",
@@ -208,6 +242,7 @@ def describe(dataset: Any) -> dict[str, Any]:
         return {"ops": [], "error": f"{type(exc).__name__}: {exc}"[:300]}
     nodes = {n.name: n for n in graph.node}
     library = {f.signature.name: f for f in graph.library.function}
+    python = python_functions(dataset)
     ops: list[dict[str, Any]] = []
     labels: dict[str, int] = {}
     for node in _chain(graph, nodes):
@@ -215,13 +250,82 @@ def describe(dataset: Any) -> dict[str, Any]:
         fns = [v.func.name for k, v in sorted(node.attr.items()) if v.HasField("func")]
         if fns:
             op["fn"] = user_function_name(fns[0])
-            body = library.get(fns[0])
-            op["py_function"] = bool(body and any(n.op in _PY_OPS for n in body.node_def))
-            n = labels[op["fn"]] = labels.get(op["fn"], 0) + 1
-            op["label"] = op["fn"] if n == 1 else f"{op['fn']}#{n}"
+            body_ops = _body_ops(fns[0], library)
+            op["py_function"] = bool(body_ops & _PY_OPS)
+            op.update(_origin(python.get(fns[0])))
+            base = op["fn"]
+            if "utility" in op:  # NOTE [ Stage names in the user's words ]
+                base = "decode" if any(o.startswith("Decode") for o in body_ops) else "read"
+            elif op["fn"] == "lambda" and "line" in op:
+                base = f"lambda@{op['file']}:{op['line']}"
+            n = labels[base] = labels.get(base, 0) + 1
+            op["label"] = base if n == 1 else f"{base}#{n}"
+            if node.op in _MAP_OPS:
+                op["stage"] = ("load/" if "utility" in op else "transform/") + op["label"]
         op.update(_params(node, nodes))
         ops.append(op)
     return {"ops": ops}
+
+
+def _body_ops(name: str, library: dict[str, Any], depth: int = 0) -> set[str]:
+    """Op types in a library function, with those of the functions it calls (If/Case branches)."""
+    body = library.get(name)
+    if body is None or depth > 8:
+        return set()
+    out = {n.op for n in body.node_def}
+    for n in body.node_def:
+        for v in n.attr.values():
+            if v.HasField("func"):
+                out |= _body_ops(v.func.name, library, depth + 1)
+            for f in v.list.func:
+                out |= _body_ops(f.name, library, depth + 1)
+    return out
+
+
+def python_functions(dataset: Any, limit: int = 256) -> dict[str, Any]:
+    """The Python callables behind the pipeline's functions, by their graph function name.
+
+    Each transformation keeps its function in a ``StructuredFunctionWrapper`` (``_map_func``,
+    ``_predicate``, ...) whose ``_function`` is the traced graph function and ``_func`` what the
+    user passed; inputs are walked through ``_inputs()``. Private attributes: anything missing
+    gives an empty answer, and stages keep their graph names.
+    """
+    out: dict[str, Any] = {}
+    todo, seen = [dataset], 0
+    while todo and seen < limit:
+        ds = todo.pop()
+        seen += 1
+        try:
+            attrs = list(vars(ds).values())
+            todo.extend(ds._inputs())
+        except Exception:
+            continue
+        for wrapper in attrs:
+            fn, traced = getattr(wrapper, "_func", None), getattr(wrapper, "_function", None)
+            name = getattr(traced, "name", None)
+            if fn is not None and name is not None:
+                out[name.decode() if isinstance(name, bytes) else str(name)] = fn
+    return out
+
+
+def _origin(fn: Any) -> dict[str, Any]:
+    """Where a map's Python function was defined: ``file`` (base name) and ``line``, and the
+    Keras utility it belongs to (``utility``) when Keras' own source defines it."""
+    fn = inspect.unwrap(getattr(fn, "func", fn)) if fn is not None else None  # partial, wraps
+    code = getattr(fn, "__code__", None)
+    if code is None and callable(fn):  # a callable object: its class's __call__
+        code = getattr(type(fn).__call__, "__code__", None)
+    if code is None:
+        return {}
+    path = os.path.abspath(code.co_filename)
+    out: dict[str, Any] = {"file": os.path.basename(path), "line": code.co_firstlineno}
+    for package in ("keras", "tf_keras"):  # defined in Keras: Keras is imported already
+        module = sys.modules.get(package)
+        root = os.path.dirname(getattr(module, "__file__", None) or "")
+        if root and path.startswith(root + os.sep):
+            stem = os.path.splitext(out["file"])[0].removesuffix("_utils")
+            out["utility"] = f"keras.utils.{KERAS_UTILITIES.get(stem, stem)}"
+    return out
 
 
 def _chain(graph: Any, nodes: dict[str, Any]) -> list[Any]:
@@ -250,10 +354,10 @@ def stage_for(kind: str, dataset: str, ops: dict[str, dict[str, Any]]) -> str | 
     if kind in SKIP:
         return None
     if kind in MAPS:
-        for name in _fused(dataset):
+        for name in fused_names(dataset):
             op = ops.get(name)
-            if op is not None and op.get("label"):
-                return f"transform/{op['label']}"
+            if op is not None and (op.get("stage") or op.get("label")):
+                return str(op.get("stage") or f"transform/{op['label']}")
         # no graph to name the function by (Keras without dataset=): the dataset's own name
         return f"transform/{dataset or kind}"
     if kind in SOURCES:
@@ -275,7 +379,7 @@ def stage_for(kind: str, dataset: str, ops: dict[str, dict[str, Any]]) -> str | 
     return f"other/{kind}"
 
 
-def _fused(dataset: str) -> list[str]:
+def fused_names(dataset: str) -> list[str]:
     """``fused(ParallelMapDatasetV2:1,BatchDatasetV2:2)`` -> both names; a plain name alone."""
     if dataset.startswith("fused(") and dataset.endswith(")"):
         return dataset[6:-1].split(",")

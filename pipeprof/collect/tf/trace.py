@@ -76,8 +76,10 @@ class IteratorStats:
     first_ns: int = 0  # self time of each iterator's first GetNext (builds its inputs: start-up)
     first_calls: int = 0
     params: dict[str, Any] = field(default_factory=dict)  # parallelism, buffer_limit, ...
-    # one (start_ns, ns) per element of work, in the perf_counter time base
+    # one (start_ns, ns, thread) per element of work, in the perf_counter time base
     items: list[tuple[int, int, str]] = field(default_factory=list)
+    # a fused map-and-batch: the op's own time outside the function per element (collate)
+    batch_items: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +90,8 @@ class Trace:
     roots: list[tuple[int, int]] = field(default_factory=list)  # root GetNext (start_ns, ns)
     events: int = 0
     startup_ns: int = 0  # the first root GetNext, left out of the blocking totals
+    first_root: tuple[int, int] | None = None  # the capture's first root GetNext, even before
+    # ``since_ns``: (start_ns, ns)
 
 
 def _nest(events: list[Event]) -> tuple[list[Event], dict[Any, list[Event]], list[Event]]:
@@ -129,6 +133,7 @@ def parse(
     known: set[str] | frozenset[str] = frozenset(),
     fresh: bool = True,
     until_ns: int | None = None,
+    since_ns: int | None = None,
 ) -> Trace:
     """Per-iterator work, wait and blocking time from an XSpace (see the NOTE above).
 
@@ -136,14 +141,20 @@ def parse(
     interleave builds at run time, one per file) are merged per position in the pipeline.
     ``fresh``: the capture began before the pipeline's iterator was made, so the first root
     GetNext is start-up and stays out of the blocking totals. Events that start after
-    ``until_ns`` are left out (Keras tears an iterator down after the traced steps).
+    ``until_ns`` are left out (Keras tears an iterator down after the traced steps), and those
+    that start before ``since_ns`` (Keras' first steps, traced for the start-up alone).
     """
     evs, process = cap.events(space, offset_ns)
-    if until_ns is not None:
-        evs = [e for e in evs if e.start <= until_ns]
+    first = min((e for e in evs if _is_root(e)), key=lambda e: e.start, default=None)
+    evs = [
+        e
+        for e in evs
+        if (until_ns is None or e.start <= until_ns) and (since_ns is None or e.start >= since_ns)
+    ]
     evs = _rooted(evs)
     produces, consumes, evs = _nest(evs)
     trace = Trace(events=len(evs))
+    trace.first_root = (first.start, first.dur) if first is not None else None
     seen: set[Any] = set()
     for ev in sorted((e for e in evs if e.code == cap.ITER), key=lambda e: e.start):
         ev.key = _account_iterator(trace, ev, known, seen, process)
@@ -152,9 +163,7 @@ def parse(
     for ev in produces:
         made.setdefault(_link(ev), []).append(ev)
         _account_produce(trace, ev, consumes, process, owner_of_line)
-    roots = sorted(
-        (e for e in evs if e.code == cap.ITER and e.name.count("::") == 1), key=lambda e: e.start
-    )
+    roots = sorted((e for e in evs if _is_root(e)), key=lambda e: e.start)
     for i, ev in enumerate(roots):
         trace.roots.append((ev.start, ev.dur))
         if i == 0 and fresh and len(roots) > 1:
@@ -164,11 +173,16 @@ def parse(
     return trace
 
 
+def _is_root(ev: Event) -> bool:
+    """The consumer's own GetNext (``Iterator::Root``)."""
+    return ev.code == cap.ITER and ev.name.count("::") == 1
+
+
 def _rooted(evs: list[Event]) -> list[Event]:
     """Leave out iterators no root GetNext reached: one an input pipeline builds and tears down
     unused (Keras does at the end of an epoch) still runs its inputs, but delivers nothing."""
     parent = {e.stats.get("id"): e.stats.get("parent_id") for e in evs if e.code == cap.ITER}
-    ok = {e.stats.get("id") for e in evs if e.code == cap.ITER and e.name.count("::") == 1}
+    ok = {e.stats.get("id") for e in evs if _is_root(e)}
     if not ok:  # no root in the capture: nothing to judge by
         return evs
     bad: set[Any] = set()
@@ -243,7 +257,10 @@ def _account_produce(
     it.fn_ns += fn
     it.fn_calls += len(ev.runs)
     it.work_ns += own + fn
-    if ev.runs or it.kind not in MAPPING_KINDS:  # a map's Produce without a call made nothing
+    if it.kind == "MapAndBatch" and ev.runs:  # the function's time, and the batching around it
+        it.items.append((ev.start, fn, ev.line))
+        it.batch_items.append((ev.start, own, ev.line))
+    elif ev.runs or it.kind not in MAPPING_KINDS:  # a map's Produce without a call made nothing
         it.items.append((ev.start, own + fn, ev.line))
 
 
@@ -301,9 +318,10 @@ def stop(
     known: set[str] | frozenset[str] = frozenset(),
     fresh: bool = True,
     until_ns: int | None = None,
+    since_ns: int | None = None,
 ) -> Trace | None:
     """Stop ``capture`` and parse its trace (None, with ``capture.error`` set, if nothing)."""
-    return parse_capture(capture, capture.stop(), known, fresh, until_ns)
+    return parse_capture(capture, capture.stop(), known, fresh, until_ns, since_ns)
 
 
 def parse_capture(
@@ -312,12 +330,13 @@ def parse_capture(
     known: set[str] | frozenset[str] = frozenset(),
     fresh: bool = True,
     until_ns: int | None = None,
+    since_ns: int | None = None,
 ) -> Trace | None:
     """Parse the XSpace a stopped ``capture`` returned (None if there is none or it is bad)."""
     if space is None:
         return None
     try:
-        return parse(space, capture.offset_ns, known, fresh, until_ns)
+        return parse(space, capture.offset_ns, known, fresh, until_ns, since_ns)
     except Exception as exc:  # a trace we cannot read must not break the user's loop
         capture.error = f"{type(exc).__name__}: {exc}".strip()
         return None
