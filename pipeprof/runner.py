@@ -59,14 +59,20 @@ class Terminated(BaseException):
 
 @dataclass
 class Loader:
-    """One DataLoader the script iterated, and its own Profiler."""
+    """One DataLoader or tf.data.Dataset the script iterated, and its own Profiler; or one
+    Keras ``fit()`` call and its callback (``prof`` None)."""
 
     label: str
     site: str
-    prof: Profiler
+    prof: Profiler | None
     loader: Any  # kept alive: its id keys the table
     passes: int = 0
     nested_in: set[str] = field(default_factory=set)
+    callback: Any = None  # pipeprof.keras.ProfilerCallback
+
+    @property
+    def session(self) -> Any:
+        return self.prof.session if self.prof is not None else self.callback.session
 
 
 @dataclass
@@ -112,12 +118,13 @@ class Run:
 
     def install(self) -> None:
         """The import hook (and the patches at once if torch is already imported)."""
-        if "torch" in sys.modules:
-            self._patch_torch()
-        else:
-            hook = _AfterImport("torch", self._patch_torch)
-            sys.meta_path.insert(0, hook)
-            self._undo.append(lambda: sys.meta_path.remove(hook) if hook in sys.meta_path else None)
+        for name, patch in (("torch", self._patch_torch), ("tensorflow", self._patch_tf)):
+            if name in sys.modules:
+                patch()
+            else:
+                hook = _AfterImport(name, patch)
+                sys.meta_path.insert(0, hook)
+                self._undo.append(functools.partial(_remove_hook, hook))
         self._wrap_profiler_start()
 
     def uninstall(self) -> None:
@@ -188,6 +195,80 @@ class Run:
 
         self._undo.append(undo)
 
+    def _patch_tf(self) -> None:
+        """tf.data iterated in a Python loop: a profiled pass; Keras ``fit()``: its callback."""
+        import tensorflow as tf
+
+        run = self
+        dataset_cls = tf.data.Dataset
+        orig_iter = dataset_cls.__iter__
+
+        @functools.wraps(orig_iter)
+        def __iter__(dataset: Any) -> Any:
+            if (
+                run.stopped
+                or run._local.inside
+                or os.getpid() != run.pid
+                or not tf.executing_eagerly()  # inside a tf.function: TensorFlow's own loop
+            ):
+                return orig_iter(dataset)
+            if _weakable(dataset) and dataset not in run.sites:
+                run._remember_site(dataset, name=False)
+            return run._pass(dataset)
+
+        dataset_cls.__iter__ = __iter__
+        self._undo.append(lambda: setattr(dataset_cls, "__iter__", orig_iter))
+        try:
+            import keras
+        except ImportError:  # pragma: no cover - tf.keras only
+            return
+        model_cls = keras.Model
+        orig_fit = model_cls.fit
+
+        @functools.wraps(orig_fit)
+        def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if run.stopped or run._local.inside or os.getpid() != run.pid:
+                return orig_fit(model, *args, **kwargs)
+            callback = run._keras_callback(args, kwargs)
+            run._local.inside += 1  # fit's own iteration of the dataset is the callback's
+            try:
+                return orig_fit(model, *args, **kwargs)
+            finally:
+                run._local.inside -= 1
+                if callback is not None:
+                    callback.session.end_ns = callback.session.end_ns or clock()
+
+        model_cls.fit = fit
+        self._undo.append(lambda: setattr(model_cls, "fit", orig_fit))
+
+    def _keras_callback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Add pipeprof's Keras callback to a ``fit()`` call (in ``kwargs``); None if not."""
+        from pipeprof.core.detect import is_tf_dataset
+        from pipeprof.keras import ProfilerCallback
+
+        callbacks = list(kwargs.get("callbacks") or [])
+        if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+            self.notes.append("fit() got its callbacks by position: pipeprof added none")
+            return None
+        if any(isinstance(c, ProfilerCallback) for c in callbacks):
+            self.notes.append("fit() already has pipeprof's callback: its report is the script's")
+            return None
+        x = args[0] if args else kwargs.get("x")
+        callback = ProfilerCallback(dataset=x if is_tf_dataset(x) else None)
+        kwargs["callbacks"] = [*callbacks, callback]
+        frame = sys._getframe(2)
+        site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        label = self._unique(f"fit@{site}")
+        callback.session.meta["run_loader"] = {"label": label, "site": site}
+        self.loaders[id(callback)] = Loader(
+            label, site, None, callback, passes=1, callback=callback
+        )
+        if self.sample_hz and not self._samplers:
+            from pipeprof.collect.samplers import HostSampler
+
+            self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        return callback
+
     def _wrap_profiler_start(self) -> None:
         start = Profiler.start
 
@@ -205,7 +286,9 @@ class Run:
 
     def _timer(self) -> Any:
         p = self.current
-        return p.entry.prof.timer if p is not None and not self.stopped else None
+        if p is None or self.stopped or p.entry.prof is None:
+            return None
+        return p.entry.prof.timer
 
     def _open(self, key: str) -> None:
         timer = self._timer()
@@ -237,11 +320,12 @@ class Run:
 
     # ---- loaders --------------------------------------------------------------------------
 
-    def _remember_site(self, loader: Any) -> None:
+    def _remember_site(self, loader: Any, name: bool = True) -> None:
         frame = sys._getframe(2)
         while frame is not None and (
             frame.f_code.co_filename.startswith(_PIPEPROF_DIR)
             or "/torch/" in frame.f_code.co_filename
+            or "/tensorflow/" in frame.f_code.co_filename
             or frame.f_locals.get("self") is loader  # a subclass's __init__
         ):
             frame = frame.f_back  # type: ignore[assignment]
@@ -249,7 +333,7 @@ class Run:
             return
         file, line = frame.f_code.co_filename, frame.f_lineno
         site = f"{os.path.basename(file)}:{line}"
-        match = _ASSIGNED.match(linecache.getline(file, line))
+        match = _ASSIGNED.match(linecache.getline(file, line)) if name else None
         try:
             self.sites[loader] = (match.group(1) if match else "", site)
         except TypeError:  # not weak-referenceable: labelled by its site only
@@ -260,16 +344,20 @@ class Run:
         if entry is not None and entry.loader is loader:
             return entry
         name, site = self.sites.get(loader, ("", "")) if _weakable(loader) else ("", "")
-        label = name or (f"DataLoader@{site}" if site else f"DataLoader#{len(self.loaders) + 1}")
+        kind = "DataLoader" if hasattr(loader, "num_workers") else "tf.data"
+        label = self._unique(name or (f"{kind}@{site}" if site else kind))
+        prof = Profiler(sample_hz=0)
+        prof.session.meta["run_loader"] = {"label": label, "site": site}
+        entry = self.loaders[id(loader)] = Loader(label, site, prof, loader)
+        return entry
+
+    def _unique(self, label: str) -> str:
         taken = {e.label for e in self.loaders.values()}
         base, n = label, 1
         while label in taken:
             n += 1
             label = f"{base}#{n}"
-        prof = Profiler(sample_hz=0)
-        prof.session.meta["run_loader"] = {"label": label, "site": site}
-        entry = self.loaders[id(loader)] = Loader(label, site, prof, loader)
-        return entry
+        return label
 
     def _pass(self, loader: Any) -> Any:
         """A generator over one pass of ``loader``, profiled (NOTE [ Run ])."""
@@ -281,7 +369,7 @@ class Run:
         local = self._local
         local.inside += 1
         try:
-            steps = iter(entry.prof.wrap(loader))
+            steps = iter(entry.prof.wrap(loader))  # type: ignore[union-attr]
         finally:
             local.inside -= 1
         return self._steps(entry, steps)
@@ -325,7 +413,7 @@ class Run:
                 self.current = outer if outer is not None and outer.alive else None
             if outer is not None and outer.alive and not self.stopped:
                 # a pass inside a step of another loader: that step's time, not its compute
-                outer.entry.prof._steps_log.region(
+                outer.entry.prof._steps_log.region(  # type: ignore[union-attr]
                     f"{entry.label} (pass)", p.start_ns, clock() - p.start_ns
                 )
 
@@ -365,18 +453,22 @@ class Run:
         for sampler in self._samplers:
             sampler.stop()
         for entry in self.loaders.values():
-            entry.prof.stop()
+            if entry.prof is not None:
+                entry.prof.stop()
 
     def reports(self, interrupted: bool = False) -> list[tuple[Loader, Report]]:
         """One Report per loader that yielded a batch, the training loader first."""
         from pipeprof.collect.samplers import HostSampler, NvmlSampler
 
         self.stop_profiling()
-        used = [e for e in self.loaders.values() if e.prof.session.loop.steps]  # type: ignore[union-attr]
-        # the training loader: not nested in another loader's steps, and the most steps
-        used.sort(key=lambda e: (not e.nested_in, e.prof.session.loop.steps), reverse=True)  # type: ignore[union-attr]
+        used = [e for e in self.loaders.values() if e.session.loop and e.session.loop.steps]
+        # the training loop: not nested in another loader's steps, Keras fit(), the most steps
+        used.sort(
+            key=lambda e: (not e.nested_in, e.callback is not None, e.session.loop.steps),
+            reverse=True,
+        )
         for i, entry in enumerate(used):
-            s = entry.prof.session
+            s = entry.session
             s.interrupted = s.interrupted or interrupted
             for sampler in self._samplers:
                 if isinstance(sampler, NvmlSampler):
@@ -389,13 +481,14 @@ class Run:
                     "regions_seen": sorted(self.seen),
                     "loaders": [
                         {"label": e.label, "site": e.site, "passes": e.passes,
-                         "steps": e.prof.session.loop.steps}  # type: ignore[union-attr]
+                         "steps": e.session.loop.steps}
                         for e in used
                     ],
                 }  # fmt: skip
                 s.notes.extend(self.notes)
-                s.notes.append(self.regions_note(Report(s)))
-        return [(e, Report(e.prof.session)) for e in used]
+                if entry.prof is not None and "torch" in sys.modules:
+                    s.notes.append(self.regions_note(Report(s)))
+        return [(e, Report(e.session)) for e in used]
 
     def regions_note(self, report: Report) -> str:
         """Which parts of compute were seen, and what the rest is."""
@@ -420,6 +513,11 @@ class Run:
                 "(Other)"
             )
         return text
+
+
+def _remove_hook(hook: Any) -> None:
+    if hook in sys.meta_path:
+        sys.meta_path.remove(hook)
 
 
 def _weakable(obj: Any) -> bool:
@@ -573,7 +671,7 @@ def summary_lines(reports: list[tuple[Loader, Report]], paths: dict[str, str]) -
         role = "main loop" if i == 0 else (
             f"inside {', '.join(sorted(entry.nested_in))}" if entry.nested_in else "another loop"
         )  # fmt: skip
-        where = f" ({entry.site})" if entry.site else ""
+        where = f" ({entry.site})" if entry.site and entry.site not in entry.label else ""
         saved = f"; saved to {paths[entry.label]}" if entry.label in paths else ""
         lines.append(
             f"{entry.label}{where}, {role}: {entry.passes} pass(es), {loop.get('steps', 0)} "

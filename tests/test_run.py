@@ -186,3 +186,18 @@ def test_bad_input(tmp_path):
     assert ran.returncode == 2 and "give the training script" in ran.stderr
     ran = pipeprof_run(tmp_path, "--batches", "0", TRAIN)
     assert ran.returncode == 2 and "--batches" in ran.stderr
+
+
+def test_tf_data_in_a_loop_and_keras_fit(tmp_path):
+    ran = pipeprof_run(tmp_path, str(SCRIPTS / "keras_fit.py"), "128")
+    ref = plain(tmp_path, str(SCRIPTS / "keras_fit.py"), "128")
+    assert ran.returncode == ref.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout == ref.stdout == "looped 128\nfitted\n"
+    fit = load(tmp_path / "run.json")  # fit() is the training loop
+    assert fit["framework"] == "tf" and fit["meta"]["run_loader"]["label"].startswith("fit@")
+    assert 0 < fit["loop"]["steps"] <= 16
+    assert "transform/slow" in fit["stages"]
+    loop = load(tmp_path / "run.tf_data_keras_fit_py_25.json")
+    assert loop["loop"]["steps"] == 8 and loop["loop"]["epochs"] == 1
+    assert loop["stages"]["transform/slow"]["mean_ms"] == pytest.approx(2.0, rel=0.25)
+    assert loop["loop"]["wait_fraction"] > 0.9  # the loop does nothing but wait
