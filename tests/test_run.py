@@ -169,6 +169,15 @@ def test_a_script_with_its_own_profiler_is_not_counted_twice(tmp_path):
     assert "runs its own pipeprof.Profiler" in ran.stderr
 
 
+def test_a_process_the_script_forks_is_left_alone(tmp_path):
+    ran = pipeprof_run(tmp_path, TRAIN, "--samples", "32", "--fork")
+    assert ran.returncode == 0, ran.stderr
+    # the child iterates the plain DataLoader's own iterator, as it would without pipeprof
+    assert "child saw 32 through _SingleProcessDataLoaderIter\nchild exit 0\n" in ran.stdout
+    report = load(tmp_path / "run.json")  # the parent's loop only: 2 batches of 16
+    assert report["loop"]["steps"] == 2 and report["samples"] == 32
+
+
 def test_zipped_loaders_get_a_note(tmp_path):
     ran = pipeprof_run(tmp_path, TRAIN, "--samples", "32", "--zip")
     assert ran.returncode == 0, ran.stderr

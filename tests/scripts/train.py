@@ -24,6 +24,12 @@ class Sleepy(Dataset):
         return torch.full((8,), float(i % 7)), i % 2
 
 
+def child_loop():
+    it = iter(DataLoader(Sleepy(32, 0), batch_size=8))
+    n = sum(len(x) for x, _ in it)
+    print("child saw", n, "through", type(it).__name__, flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=1)
@@ -40,8 +46,16 @@ def main():
     p.add_argument("--profiler", default=None, help="profile by hand, save the report here")
     p.add_argument("--layers", type=int, default=1, help="hidden layers of the model")
     p.add_argument("--time", action="store_true", help="print the training loop's seconds")
+    p.add_argument("--fork", action="store_true", help="a forked child iterates a loader too")
     args = p.parse_args()
     print("argv", sys.argv[1:], flush=True)
+    if args.fork:
+        import multiprocessing
+
+        child = multiprocessing.get_context("fork").Process(target=child_loop)
+        child.start()
+        child.join()
+        print("child exit", child.exitcode, flush=True)
     torch.manual_seed(0)
     torch.set_num_threads(1)  # steadier step times on a small shared machine
     train_loader = DataLoader(
