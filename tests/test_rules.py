@@ -268,6 +268,80 @@ def test_following_workers_needed_delivers_what_it_promised():
     assert max(rates) >= 0.9 * promised, (rates, promised, f["evidence"])
 
 
+class MatmulSamples(torch.utils.data.Dataset):
+    """Samples that cost CPU in torch (about 0.2 ms each): loading that needs a core."""
+
+    def __len__(self):
+        return 16 * 30
+
+    def __getitem__(self, i):
+        x = torch.ones(64, 64)
+        for _ in range(6):
+            x = torch.tanh(x @ x.T / 64)
+        return x.flatten()[:256], i % 2
+
+
+def cpu_training(workers: int, profile: bool):
+    """A CPU training loop whose step keeps every core busy (torch threads = cores): returns
+    its report, or its steady samples/s run plain."""
+    cores = os.cpu_count() or 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 2))  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(MatmulSamples(), batch_size=16, num_workers=workers)
+
+    def step(x, y):
+        for _ in range(4):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    try:
+        if profile:
+            prof = pipeprof.Profiler(sample_hz=0)
+            with prof:
+                for x, y in prof.wrap(loader):
+                    step(x, y)
+            return prof.report().to_dict()
+        t0 = n = 0
+        for i, (x, y) in enumerate(loader):
+            if i == 3:
+                t0, n = clock(), 0
+            step(x, y)
+            n += len(x)
+        return n / ((clock() - t0) / 1e9)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.timing
+def test_cpu_training_that_fills_the_cores_is_not_promised_the_loaders_rate():
+    """CPU training with torch using every core, loading in the training process (issue 17: the
+    report promised x1.21 from one worker; following it gained nothing). The step's share of the
+    cores is counted: no worker count is promised as a fix, no loader-only rate reads as the
+    loop's, and one worker, tried, is indeed no faster (NOTE [ CPU training shares the cores ])."""
+    report = cpu_training(0, profile=True)
+    assert report["verdict"]["kind"] in ("input-bound", "compute-bound")
+    f = findings(report)
+    assert "no-workers" not in f  # its loader-only promise would mislead here
+    needed = f.get("workers-needed")
+    if report["verdict"]["kind"] == "input-bound":
+        assert needed["severity"] == "info" and needed["evidence"]["training_cores"] >= 1
+        assert needed["evidence"]["predicted_samples_per_s"] < 1.1 * needed["evidence"][
+            "predicted_now_samples_per_s"
+        ]
+    floor = report["loop"]["throughput"]["compute_samples_per_s"]
+    for row in (w for w in report["what_if"] if w["kind"] == "workers"):
+        assert row["samples_per_s"] <= floor * 1.01  # the loop's rate, not the loader's
+        assert row["loader_samples_per_s"] > row["samples_per_s"]
+    plain = [cpu_training(k, profile=False) for k in (0, 1)]
+    assert plain[1] < 1.1 * plain[0], plain  # what the report said: no real gain
+
+
 @pytest.mark.timing
 def test_a_compute_bound_loop_needs_no_workers_and_a_loader_alone_no_loop_what_ifs():
     # in the main process: a batch from a worker costs about 2 ms to hand over (shared-memory

@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeprof.analyze.finding import Finding, finding
 from pipeprof.analyze.loop import loop_floor
-from pipeprof.analyze.scenarios import from_report
+from pipeprof.analyze.scenarios import from_report, loop_rate, training_cores
 from pipeprof.analyze.tf_rules import TF_RULES
 from pipeprof.analyze.verdict import MODERATE_WAIT, loop_view
 from pipeprof.analyze.whatif import throughput, workers_for
@@ -88,14 +88,17 @@ def rule_more_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
         return None
     target = max(1, cores - 1)  # leave a core for the training process
     if n == 0:
+        if training_cores(report, int(cores)):  # CPU training: workers-needed weighs it
+            return None
+        alone = "the loader alone" if report.get("loop") else "it"
         return finding(
             "no-workers",
             "warning",
             facts["limiting"],
             f"loading runs in the training process (num_workers=0) at {rate:.0f} samples/s",
             {"samples_per_s_per_worker": round(rate, 1), "cores": cores},
-            f"num_workers={target} would give about {rate * target:.0f} samples/s "
-            f"({target} × {rate:.0f}), and overlap loading with compute",
+            f"num_workers={target}: {alone} would give about {rate * target:.0f} samples/s "
+            f"({target} × {rate:.0f}), and loading would overlap compute",
         )
     busy = facts["busy_mean"] or 0.0
     if busy < SATURATED_BUSY or n >= target:
@@ -225,12 +228,15 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     if floor is None or model is None:
         return None
     target = floor["samples_per_s"]
+    now = (loop.get("throughput") or {}).get("effective_samples_per_s")
+    occupied = training_cores(report, int(cores))
+    if occupied:  # CPU training: the workers take cores from the step (NOTE in scenarios.py)
+        return _cpu_shared(report, facts, model, floor, occupied, now)
     need = workers_for(model, target)
     need = need if need is not None else max(1, math.ceil(target / rate))
     if need <= n:
         return None
     will = min(target, throughput(model, need))
-    now = (loop.get("throughput") or {}).get("effective_samples_per_s")
     evidence = {
         "workers_needed": need,
         "predicted_samples_per_s": round(will, 1),
@@ -256,6 +262,60 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
             f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU"
         )
     return finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
+
+
+CPU_GAIN = 1.1  # the least gain (x) worth a fix when more workers take cores from the step
+
+
+def _cpu_shared(
+    report: dict[str, Any],
+    facts: dict[str, Any],
+    model: Any,
+    floor: dict[str, float],
+    occupied: int,
+    now: float | None,
+) -> Finding | None:
+    """``workers-needed`` on a CPU-only run: the worker count the loop is fastest with, once
+    the step's share of the cores is counted; a fix only if it gains at least ``CPU_GAIN``."""
+    n, cores = facts["n_workers"], int(facts["cores"])
+    here = loop_rate(model, floor, n, occupied)
+    rates = {k: loop_rate(model, floor, k, occupied) for k in range(n + 1, max(n + 2, 4 * cores))}
+    best = max(rates.values())
+    need = min(k for k, r in rates.items() if r >= 0.97 * best)  # the fewest that get there
+    will = rates[need]
+    evidence = {
+        "workers_needed": need,
+        "predicted_samples_per_s": round(will, 1),
+        "predicted_now_samples_per_s": round(here, 1),
+        "samples_per_s_now": now,
+        "training_cores": occupied,
+        "loop_floor_samples_per_s": round(floor["samples_per_s"], 1),
+        "compute_ms_per_step": floor["compute_ms"],
+        "num_workers": n,
+        "cores": cores,
+    }
+    busy = f"the training step keeps {occupied} of the {cores} cores busy while it computes"
+    if will < CPU_GAIN * here:
+        msg = (
+            f"more workers would not speed this loop up much: {busy}, so loading in workers "
+            f"takes cores from it (predicted ×{will / here:.2f} with {_workers(need)}, before "
+            "the cost of handing batches over)"
+        )
+        fix = (
+            "none that more workers give: make loading cheaper (the limiting stage), cache "
+            "decoded data, or train where the compute does not need the CPU (a GPU)"
+        )
+        return finding("workers-needed", "info", facts["limiting"], msg, evidence, fix)
+    msg = (
+        f"with {need} workers the loop would run at about {will:.0f} samples/s (now "
+        f"{now or 0:.0f} with {_workers(n)}), counting that {busy}"
+    )
+    return finding("workers-needed", "critical", facts["limiting"], msg, evidence,
+                   f"DataLoader(num_workers={need})")  # fmt: skip
+
+
+def _workers(n: int) -> str:
+    return "no workers" if n == 0 else "1 worker" if n == 1 else f"{n} workers"
 
 
 def _waiting_bound(report: dict[str, Any]) -> bool:
