@@ -249,7 +249,7 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         "cores": cores,
     }
     msg = (
-        f"with {need} workers the loop would run at about {will:.0f} samples/s "
+        f"with {_workers(need)} the loop would run at about {will:.0f} samples/s "
         f"(now {now or 0:.0f} with {n}): its steps take {floor['step_ms']:.3g} ms when data is "
         f"ready ({floor['compute_ms']:.3g} ms compute, {floor['handover_ms']:.2g} ms hand-over); "
         f"each worker gives {rate:.0f} samples/s"

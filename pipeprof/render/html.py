@@ -154,13 +154,16 @@ def what_if_table(data: dict[str, Any]) -> str:
     rows = [w for w in data.get("what_if") or [] if w.get("kind") == "workers"]
     if not rows:
         return ""
+    loop = "loader_samples_per_s" in rows[0]  # a training loop: its rate, and the loader's
     body = "".join(
         f"<tr><td>{w['workers']}</td><td>{num(w.get('samples_per_s'))}</td>"
-        f"<td>{escape(str(w.get('basis', '')))}</td></tr>"
+        + (f"<td>{num(w.get('loader_samples_per_s'))}</td>" if loop else "")
+        + f"<td>{escape(str(w.get('basis', '')))}</td></tr>"
         for w in rows
     )
+    head = "<th>loop samples/s</th><th>loader alone</th>" if loop else "<th>samples/s</th>"
     return (
-        "<h2>What if (estimated)</h2><table><tr><th>workers</th><th>samples/s</th>"
+        f"<h2>What if (estimated)</h2><table><tr><th>workers</th>{head}"
         f"<th>basis</th></tr>{body}</table>"
     )
 

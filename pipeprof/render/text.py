@@ -293,7 +293,13 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
     parts = ", ".join(f"{w['workers']} → {num(w.get('samples_per_s'))}" for w in rows)
     measured = "CPU share" in (rows[0].get("basis") or "")
     basis = "estimated" if measured else "estimated as if every stage were CPU-bound"
-    return Text(f"what if (workers → samples/s, {basis}): {parts}", style="dim")
+    if "loader_samples_per_s" not in rows[0]:
+        return Text(f"what if (workers → samples/s, {basis}): {parts}", style="dim")
+    alone = ", ".join(f"{w['workers']} → {num(w.get('loader_samples_per_s'))}" for w in rows)
+    return Text(
+        f"what if (workers → the loop's samples/s, {basis}): {parts}; the loader alone: {alone}",
+        style="dim",
+    )
 
 
 def footer(data: dict[str, Any]) -> RenderableType:
