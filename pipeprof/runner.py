@@ -69,6 +69,7 @@ class Loader:
     passes: int = 0
     nested_in: set[str] = field(default_factory=set)
     callback: Any = None  # pipeprof.keras.ProfilerCallback
+    open_passes: int = 0
 
     @property
     def session(self) -> Any:
@@ -98,7 +99,11 @@ class Run:
         self.sample_hz = sample_hz
         self.pid = os.getpid()
         self.loaders: dict[int, Loader] = {}
-        self.sites: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+        # loader -> (variable name, "file.py:line", full path:line)
+        self.sites: weakref.WeakKeyDictionary[Any, tuple[str, str, str]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._by_site: dict[str, Loader] = {}
         self.current: _Pass | None = None
         self.profiled = 0  # batches profiled so far
         self.stopped = False  # profiling over (--batches reached, or the script ended)
@@ -335,7 +340,7 @@ class Run:
         site = f"{os.path.basename(file)}:{line}"
         match = _ASSIGNED.match(linecache.getline(file, line)) if name else None
         try:
-            self.sites[loader] = (match.group(1) if match else "", site)
+            self.sites[loader] = (match.group(1) if match else "", site, f"{file}:{line}")
         except TypeError:  # not weak-referenceable: labelled by its site only
             pass
 
@@ -343,12 +348,23 @@ class Run:
         entry = self.loaders.get(id(loader))
         if entry is not None and entry.loader is loader:
             return entry
-        name, site = self.sites.get(loader, ("", "")) if _weakable(loader) else ("", "")
+        name, site, key = self.sites.get(loader, ("", "", "")) if _weakable(loader) else ("",) * 3
+        entry = self._by_site.get(key) if key else None
+        if entry is not None and not entry.open_passes and entry.prof is not None:
+            # a new loader made where the last one was (a loader per epoch): the same loop
+            del self.loaders[id(entry.loader)]
+            entry.loader = loader
+            twins = entry.prof._twins  # the old loader's twin goes, with its dataset
+            twins[:] = [t for t in twins if t[0] is loader]
+            self.loaders[id(loader)] = entry
+            return entry
         kind = "DataLoader" if hasattr(loader, "num_workers") else "tf.data"
         label = self._unique(name or (f"{kind}@{site}" if site else kind))
         prof = Profiler(sample_hz=0)
         prof.session.meta["run_loader"] = {"label": label, "site": site}
         entry = self.loaders[id(loader)] = Loader(label, site, prof, loader)
+        if key:
+            self._by_site[key] = entry
         return entry
 
     def _unique(self, label: str) -> str:
@@ -380,6 +396,7 @@ class Run:
         if p.outer is not None:
             entry.nested_in.add(p.outer.entry.label)
         entry.passes += 1
+        entry.open_passes += 1
         try:
             while True:
                 if p.outer is not None and not p.outer.alive:
@@ -403,6 +420,7 @@ class Run:
                 yield batch
         finally:
             p.alive = False
+            entry.open_passes -= 1
             local.inside += 1
             try:
                 steps.close()

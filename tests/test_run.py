@@ -150,6 +150,15 @@ def test_a_module_with_relative_imports_and_a_spawn_loader(tmp_path):
     assert report["stages"]["load"]["count"] == 64
 
 
+def test_a_new_loader_every_epoch_is_one_loop(tmp_path):
+    ran = pipeprof_run(tmp_path, TRAIN, "--epochs", "3", "--samples", "32", "--new-loader")
+    assert ran.returncode == 0, ran.stderr
+    report = load(tmp_path / "run.json")
+    assert report["meta"]["run_loader"]["label"] == "data"  # where it was made, each time
+    assert report["loop"]["epochs"] == 3 and report["loop"]["steps"] == 6
+    assert [e["label"] for e in report["meta"]["run"]["loaders"]] == ["data"]
+
+
 def test_batches_stops_profiling_and_the_script_runs_on(tmp_path):
     ran = pipeprof_run(tmp_path, "--batches", "5", TRAIN, "--epochs", "2", "--samples", "64")
     assert ran.returncode == 0, ran.stderr

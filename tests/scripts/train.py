@@ -47,6 +47,7 @@ def main():
     p.add_argument("--layers", type=int, default=1, help="hidden layers of the model")
     p.add_argument("--time", action="store_true", help="print the training loop's seconds")
     p.add_argument("--fork", action="store_true", help="a forked child iterates a loader too")
+    p.add_argument("--new-loader", action="store_true", help="a new DataLoader every epoch")
     args = p.parse_args()
     print("argv", sys.argv[1:], flush=True)
     if args.fork:
@@ -84,6 +85,10 @@ def main():
     step = epoch = 0
     t0 = time.perf_counter()
     while epoch < args.epochs or args.forever:
+        if args.new_loader:
+            data = DataLoader(
+                Sleepy(args.samples, args.load_ms), batch_size=16, num_workers=args.workers
+            )
         for batch in data:
             x, y = batch[0] if args.zip else batch
             loss = nn.functional.cross_entropy(model(x), y)
