@@ -317,6 +317,7 @@ class Profiler:
                 self.session.host = sampler.to_dict()
         if self._samplers:
             self.session.costs["sampler_ns"] = sum(s.cpu_ns for s in self._samplers)
+            self.session.costs["sampler_first_ns"] = sum(s.first_ns for s in self._samplers)
 
     def _maybe_flush(self) -> None:
         # NVML starts once the first batch is in: DataLoader workers have forked by then.

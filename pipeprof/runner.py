@@ -495,6 +495,7 @@ class Run:
                     s.host = sampler.to_dict()
             if i == 0:
                 s.costs["sampler_ns"] = sum(x.cpu_ns for x in self._samplers)
+                s.costs["sampler_first_ns"] = sum(x.first_ns for x in self._samplers)
                 s.meta["run"] = {
                     "regions_seen": sorted(self.seen),
                     "loaders": [

@@ -307,7 +307,7 @@ def _cpu_shared(
         )
         return finding("workers-needed", "info", facts["limiting"], msg, evidence, fix)
     msg = (
-        f"with {need} workers the loop would run at about {will:.0f} samples/s (now "
+        f"with {_workers(need)} the loop would run at about {will:.0f} samples/s (now "
         f"{now or 0:.0f} with {_workers(n)}), counting that {busy}"
     )
     return finding("workers-needed", "critical", facts["limiting"], msg, evidence,

@@ -173,6 +173,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     main_s = costs.get("main_ns", 0) / 1e9
     settle_s = costs.get("settle_ns", 0) / 1e9
     sampler_s = costs.get("sampler_ns", 0) / 1e9
+    # the samplers' start (priming, the first sample) is once a run: not what sample_hz scales
+    steady_sampler_s = max(0.0, sampler_s - costs.get("sampler_first_ns", 0) / 1e9)
     setup_s = costs.get("setup_ns", 0) / 1e9
     cost_s = regions_s + main_s + settle_s + sampler_s + setup_s
     stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
@@ -189,8 +191,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "events": session.events,
         # what the timed regions add to the stage times pipeprof reports
         "in_stages_fraction": round(regions_s / stage_s, 6) if stage_s > 0 else None,
-        # the samplers' threads, in cores
-        "sampler_cores": round(sampler_s / wall_s, 6) if wall_s > 0 else None,
+        # the samplers' threads after their start, in cores
+        "sampler_cores": round(steady_sampler_s / wall_s, 6) if wall_s > 0 else None,
         "regions_s": round(regions_s, 6),
         "main_s": round(main_s, 6),
         "settle_s": round(settle_s, 6),

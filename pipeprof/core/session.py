@@ -280,7 +280,8 @@ class Session:
 
     def add_cost(self, where: str, ns: int) -> None:
         """pipeprof's own cost, measured, in ``costs``: ``main_ns`` (bookkeeping inside
-        ``next()``), ``pack_ns``, ``settle_ns``, ``sampler_ns``, ``setup_ns``."""
+        ``next()``), ``pack_ns``, ``settle_ns``, ``sampler_ns`` (of which ``sampler_first_ns``:
+        the samplers' start), ``setup_ns``."""
         with self._counts:
             self.costs[where] = self.costs.get(where, 0) + ns
 

@@ -76,6 +76,7 @@ class Sampler:
         self.errors = 0  # samples that raised and were skipped
         self.primed_ns: int | None = None
         self.cpu_ns = 0  # the sampler thread's own CPU time so far: pipeprof's cost
+        self.first_ns = 0  # of which starting up: priming and the first sample (once a run)
 
     # ---- source hooks (subclasses) ------------------------------------------------------
 
@@ -139,11 +140,13 @@ class Sampler:
             while not self._stop_event.wait(max(0.0, (deadline - self._clock()) / 1e9)):
                 deadline = self.tick(deadline)
                 self.cpu_ns = time.thread_time_ns() - cpu0
+                self.first_ns = self.first_ns or self.cpu_ns
         except Exception:  # the thread must never raise into the user's program
             self.errors += 1
         finally:
             self.close()
             self.cpu_ns = time.thread_time_ns() - cpu0
+            self.first_ns = self.first_ns or self.cpu_ns
 
     def _refusal(self) -> str | None:
         """Why this sampler must not run here (None: it may)."""
