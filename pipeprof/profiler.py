@@ -112,6 +112,7 @@ class Profiler:
         self._twins: list[tuple[Any, Any]] = []
         self._gpu_events: list[tuple[Any, Any]] = []
         self._stream_failed = False
+        self._compute_cpu_ns = 0  # the process's CPU time while the loop computed
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -148,6 +149,7 @@ class Profiler:
         s = self.session
         s.end_ns = clock()
         s.meta["main_cpu_ns"] = time.process_time_ns() - self._cpu0
+        s.meta["compute_cpu_ns"] = self._compute_cpu_ns
         s.interrupted = s.interrupted or interrupted
         for sampler in self._samplers:
             sampler.stop()
@@ -173,6 +175,7 @@ class Profiler:
         if self._running:
             self._collect_samplers()
             self.session.end_ns = clock()
+            self.session.meta["compute_cpu_ns"] = self._compute_cpu_ns
         return Report(self.session)
 
     # ---- regions --------------------------------------------------------------------------
@@ -232,11 +235,13 @@ class Profiler:
         # user's wait) and how long each batch kept the loop starved (NOTE [ Wait, split ])
         split = hasattr(source, "last_starved")
         handed = 0  # when the last batch went to the user (0: none yet)
+        cpu_handed = 0  # the process's CPU time then (NOTE [ CPU training shares the cores ])
         gpu_start: Any = None
         try:
             while True:
                 t_req = clock()
                 if handed:
+                    self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                     gpu_start = self._gpu_mark(gpu_start, end=True)
                     log.end(handed, t_req)
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
@@ -255,12 +260,14 @@ class Profiler:
                 warmup -= 1
                 if len(self._cached) < self.replay_batches:
                     self._cached.append(batch)
-                handed = clock()
-                gpu_start = self._gpu_mark(None, end=False)
                 self._maybe_flush()
+                gpu_start = self._gpu_mark(None, end=False)
+                cpu_handed = time.process_time_ns()
+                handed = clock()
                 yield batch
         finally:
             if handed:
+                self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                 log.end(handed, clock())
 
     # ---- GPU compute time (CUDA events) ------------------------------------------------------

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from pipeprof.analyze.compare import other_load
 from pipeprof.analyze.finding import Finding, finding
 from pipeprof.analyze.loop import loop_floor
 from pipeprof.analyze.scenarios import from_report, loop_rate, training_cores
@@ -250,9 +251,9 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     }
     msg = (
         f"with {_workers(need)} the loop would run at about {will:.0f} samples/s "
-        f"(now {now or 0:.0f} with {n}): its steps take {floor['step_ms']:.3g} ms when data is "
-        f"ready ({floor['compute_ms']:.3g} ms compute, {floor['handover_ms']:.2g} ms hand-over); "
-        f"each worker gives {rate:.0f} samples/s"
+        f"(now {now or 0:.0f} with {_workers(n)}): its steps take {floor['step_ms']:.3g} ms when "
+        f"data is ready ({floor['compute_ms']:.3g} ms compute, {floor['handover_ms']:.2g} ms "
+        f"hand-over); each worker gives {rate:.0f} samples/s"
     )
     if need <= cores - 1 or _waiting_bound(report):
         fix = f"DataLoader(num_workers={need})"
@@ -261,7 +262,20 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
             f"{need} workers exceed the {cores} cores: make {facts['limiting']} cheaper "
             f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU"
         )
+    if n == 0:  # no hand-over to measure yet: the rate is a bound, not a promise
+        evidence["predicted_is_upper_bound"] = True
+        msg = msg.replace("would run at about", "could run at up to")
+        msg += UNMEASURED_HANDOVER
+        return finding("workers-needed", "warning", facts["limiting"], msg, evidence,
+                       f"worth trying: {fix}, then compare the two runs")  # fmt: skip
     return finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
+
+
+# A loop with no workers has handed no batch between processes: what that costs is unknown.
+UNMEASURED_HANDOVER = (
+    "; an upper bound: handing each batch from a worker to the training process costs time "
+    "that a run with no workers cannot measure"
+)
 
 
 CPU_GAIN = 1.1  # the least gain (x) worth a fix when more workers take cores from the step
@@ -278,8 +292,11 @@ def _cpu_shared(
     """``workers-needed`` on a CPU-only run: the worker count the loop is fastest with, once
     the step's share of the cores is counted; a fix only if it gains at least ``CPU_GAIN``."""
     n, cores = facts["n_workers"], int(facts["cores"])
-    here = loop_rate(model, floor, n, occupied)
-    rates = {k: loop_rate(model, floor, k, occupied) for k in range(n + 1, max(n + 2, 4 * cores))}
+    others = (other_load(report) or {}).get("other_cores", 0.0)
+    here = loop_rate(model, floor, n, occupied, others)
+    rates = {
+        k: loop_rate(model, floor, k, occupied, others) for k in range(n + 1, max(n + 2, 4 * cores))
+    }
     best = max(rates.values())
     need = min(k for k, r in rates.items() if r >= 0.97 * best)  # the fewest that get there
     will = rates[need]
@@ -289,6 +306,7 @@ def _cpu_shared(
         "predicted_now_samples_per_s": round(here, 1),
         "samples_per_s_now": now,
         "training_cores": occupied,
+        "other_programs_cores": others,
         "loop_floor_samples_per_s": round(floor["samples_per_s"], 1),
         "compute_ms_per_step": floor["compute_ms"],
         "num_workers": n,
@@ -310,6 +328,11 @@ def _cpu_shared(
         f"with {_workers(need)} the loop would run at about {will:.0f} samples/s (now "
         f"{now or 0:.0f} with {_workers(n)}), counting that {busy}"
     )
+    if n == 0:  # no hand-over to measure yet: the rate is a bound, not a promise
+        evidence["predicted_is_upper_bound"] = True
+        msg = msg.replace("would run at about", "could run at up to") + UNMEASURED_HANDOVER
+        fix = f"worth trying: DataLoader(num_workers={need}), then compare the two runs"
+        return finding("workers-needed", "warning", facts["limiting"], msg, evidence, fix)
     return finding("workers-needed", "critical", facts["limiting"], msg, evidence,
                    f"DataLoader(num_workers={need})")  # fmt: skip
 

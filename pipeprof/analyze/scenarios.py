@@ -6,18 +6,22 @@ ran, else every stage counts as CPU-bound (the cautious side, said in each entry
 
 NOTE [ CPU training shares the cores ]
 On a CPU-only run the training step computes on the same cores the workers load on. While it
-computes it keeps ``o`` cores busy: the main process's CPU time over its compute time (loading
-done in the main process taken out), rounded, at most ``torch.get_num_threads()``. A step's
-threads wait for each other (torch's thread pool: the fastest spin until the slowest is
-done), so CPU work of the pipeline that lands on their cores delays the step by about as
-much: per step, the pipeline's CPU ``D`` (loading a batch and receiving it) fits beside the
-step on its ``P - o`` spare cores up to ``(P - o) × step``; the rest is added to the step.
-The pipeline, in turn, sees the step's ``o`` threads as runnable tasks besides its own
-(``background`` in whatif.py). The loop runs at the slower of the two, found by iteration
-(``loop_rate``). Fair sharing (the step stretched by ``(o + w) / P``) was tried first: it
-promised ×1.06 where one worker made the loop ×0.95 slower, on 2 cores. A step that fills the
-cores leaves loading nowhere to go: moving it to workers buys little or nothing, and the
-findings say so instead of promising the loader's rate. Measured: docs/findings.md.
+computes it keeps ``o`` cores busy: the training process's CPU time during its compute phases
+(read from the process's CPU clock when a batch is handed over and when the next is asked for)
+over their wall time, rounded, at most ``torch.get_num_threads()``. A step's threads wait for
+each other (torch's thread pool: the fastest spin until the slowest is done), so CPU work of the
+pipeline that lands on their cores delays the step by about as much: per step, the pipeline's
+CPU ``D`` (loading a batch and receiving it) fits beside the step on its ``P - o`` spare cores
+up to ``(P - o) × step``; the rest is added to the step. The pipeline, in turn, sees the step's
+``o`` threads, and the cores other programs used during the run (the host sampler's), as
+runnable tasks besides its own (``background`` in whatif.py). A step whose process used more
+than 1.1 cores while computing is taken to want as many cores as it has threads (its ops split
+over all of them); one that used half a core or more, one; less (a GPU computes, or the step
+sleeps), none. The loop runs at the slower of the two, found by iteration (``loop_rate``). Fair
+sharing (the step stretched by ``(o + w) / P``) was tried first: it promised ×1.06 where one
+worker made the loop ×0.95 slower, on 2 cores. A step that fills the cores leaves loading
+nowhere to go: moving it to workers buys little or nothing, and the findings say so instead of
+promising the loader's rate. Measured: docs/findings.md.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from pipeprof.analyze.compare import other_load
 from pipeprof.analyze.loop import loop_floor
 from pipeprof.analyze.whatif import (
     Model,
@@ -76,30 +81,33 @@ def training_cores(report: dict[str, Any], cores: int) -> int:
     device = str(meta.get("device") or "")
     if not loop or gpu or device.startswith("cuda") or report.get("framework") == "tf":
         return 0
-    compute_s, main_cpu_s = loop.get("compute_s") or 0.0, (meta.get("main_cpu_ns") or 0) / 1e9
-    if compute_s <= 0 or main_cpu_s <= 0:
+    compute_s, cpu_s = loop.get("compute_s") or 0.0, (meta.get("compute_cpu_ns") or 0) / 1e9
+    if compute_s <= 0 or cpu_s <= 0:  # a file from before the compute's CPU time was kept
         return 0
-    if not meta.get("num_workers"):  # loading ran in the training process too: not compute
-        roots = [r for p, r in report["stages"].items() if "/" not in p and not r.get("derived")]
-        main_cpu_s -= sum(r["total_s"] for r in roots)
-    busy = main_cpu_s / compute_s  # cores used on average while computing
-    threads = int(meta.get("torch_threads") or 1)
-    return max(0, min(cores, threads, round(busy)))
+    busy = cpu_s / compute_s  # cores used on average while computing
+    threads = min(cores, int(meta.get("torch_threads") or 1))
+    if busy > 1.1:  # a multi-threaded step: its ops want every thread's core at once
+        return threads
+    return 1 if busy >= 0.5 else 0
 
 
-def loop_rate(model: Model, floor: dict[str, float], workers: int, occupied: int) -> float:
+def loop_rate(
+    model: Model, floor: dict[str, float], workers: int, occupied: int, others: float = 0.0
+) -> float:
     """Samples/s the training loop runs at with ``workers`` workers: its steps when data is
     ready (``floor``), or the pipeline's rate; on a CPU-only run the pipeline and the training
-    step share the cores (``occupied``: the step's, NOTE [ CPU training shares the cores ])."""
+    step share the cores (``occupied``: the step's, NOTE [ CPU training shares the cores ])
+    with what other programs used (``others``, in cores)."""
     b = model.batch_size
     if workers == 0:  # loading and the step take turns in one process
         return b * 1e3 / (floor["step_ms"] + model.batch_ms(send=False)[0])
-    pipe = solve(replace(model, background=model.background + occupied), workers)["samples_per_s"]
+    busy = model.background + occupied + (others if occupied else 0.0)
+    pipe = solve(replace(model, background=busy), workers)["samples_per_s"]
     period = b * 1e3 / pipe if pipe > 0 else math.inf
     if not occupied:
         return b * 1e3 / max(period, floor["step_ms"])
     cpu = model.batch_ms()[1] + model.main_ms  # the pipeline's CPU ms per batch
-    spare_cores = max(0.0, model.cores - occupied)
+    spare_cores = max(0.0, model.cores - occupied - others)
     step = max(period, floor["step_ms"])
     for _ in range(50):  # what does not fit beside the step's threads delays the step
         step = max(period, floor["step_ms"] + max(0.0, cpu - spare_cores * step))
@@ -137,6 +145,7 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
     n = int(facts["n_workers"])
     floor = loop_floor(report.get("loop") or {}, model.batch_size)
     occupied = training_cores(report, cores)
+    others = (other_load(report) or {}).get("other_cores", 0.0)
     out: list[dict[str, Any]] = []
     for k in sorted({1, 2, 4, 8, cores, max(1, cores - 1), max(1, n)}):
         res = solve(model, k)
@@ -144,7 +153,7 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
                "samples_per_s": round(res["samples_per_s"], 1)}  # fmt: skip
         if floor:  # a training loop: the rate it runs at, and the loader's alone, labelled
             row["loader_samples_per_s"] = row["samples_per_s"]
-            row["samples_per_s"] = round(loop_rate(model, floor, k, occupied), 1)
+            row["samples_per_s"] = round(loop_rate(model, floor, k, occupied, others), 1)
             row["training_cores"] = occupied
         out.append(row)
     top, top_k = ceiling(model)
