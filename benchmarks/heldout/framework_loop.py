@@ -16,7 +16,7 @@ class Trainer:
         self.log = []
 
     def fit(self, train, val, epochs):
-        for epoch in range(epochs):
+        for _ in range(epochs):
             for i, (x, y) in enumerate(train):
                 loss = nn.functional.cross_entropy(self.model(x), y)
                 self.opt.zero_grad()
