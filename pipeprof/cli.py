@@ -6,7 +6,6 @@ import argparse
 import errno
 import json
 import math
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -89,6 +88,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-regions", action="store_true",
                    help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    p.add_argument("--all-ranks", action="store_true",
+                   help="in a distributed job, every rank prints its summary (default: rank 0 "
+                   "only; every rank writes its files)")  # fmt: skip
     return p
 
 
@@ -343,13 +345,13 @@ def cmd_run(argv: list[str]) -> int:
     if not opts.sample_hz >= 0:
         parser.error("--sample-hz must be 0 or more")
     runner.check_target(target, module)
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
-    if rank is not None and world.isdigit() and int(world) > 1:  # torchrun: a file per rank
-        for name in ("out", "html", "trace"):
-            path = getattr(opts, name)
-            if path:
-                p = Path(path)
-                setattr(opts, name, str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}")))
+    from pipeprof.collect.ranks import from_env, rank_path
+
+    opts.rank = from_env()  # torchrun, srun, mpirun: a file per rank (NOTE [ Ranks ])
+    for name in ("out", "html", "trace"):
+        path = getattr(opts, name)
+        if path:
+            setattr(opts, name, str(rank_path(path, opts.rank)))
     for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
         if path:
             _check_writable(path)
@@ -396,14 +398,25 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool) -> None:
     if opts.trace:
         with _naming(opts.trace):
             Path(opts.trace).write_text(main.render("chrome"), encoding="utf-8")
-    if opts.quiet:
+    rank = opts.rank
+    if opts.quiet or (rank.rank != 0 and not opts.all_ranks):
         return
+    if rank.distributed:
+        err.print(f"pipeprof: rank {rank.rank} of {rank.world_size} ({rank.host})",
+                  markup=False, highlight=False)  # fmt: skip
     Console(stderr=True).print(main)
     for line in runner.summary_lines(reports, paths):
         err.print(line, markup=False, highlight=False)
     for path in (opts.html, opts.trace):
         if path:
             err.print(f"written: {Path(path).resolve()}", markup=False, highlight=False)
+    if rank.distributed and rank.rank == 0:
+        every = Path(opts.out).name.replace(".rank0", ".rank*")
+        err.print(
+            f"every rank wrote its own report; one job report: pipeprof merge "
+            f"{Path(opts.out).parent / every} -o job.json (docs/distributed.md)",
+            markup=False, highlight=False,
+        )  # fmt: skip
 
 
 def _slug(label: str) -> str:

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from pipeprof.collect import ranks
 from pipeprof.collect.loop import GenericSource, StepLog, run_alone
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
@@ -91,7 +92,8 @@ class Profiler:
                 f"replay must be a whole number of batches >= 0 to keep for Profiler.replay(), "
                 f"got {replay!r}"
             )
-        if stream is not None:
+        if stream is not None:  # a file per rank in a distributed job (NOTE [ Ranks ])
+            stream = str(ranks.rank_path(stream))
             _check_writable(stream, "stream")
         self.device = device
         self.sample_hz = sample_hz
@@ -128,6 +130,7 @@ class Profiler:
                 "pipeprof.Profiler() for another run"
             )
         s = self.session
+        s.meta["rank"] = ranks.current().to_dict()
         s.start_ns = clock()
         self._cpu0 = time.process_time_ns()
         self._last_flush = time.monotonic()
@@ -147,6 +150,7 @@ class Profiler:
         self._steps_log.fold()
         s = self.session
         s.end_ns = clock()
+        s.meta["rank"] = ranks.current().to_dict()  # torch.distributed may be up by now
         s.meta["main_cpu_ns"] = time.process_time_ns() - self._cpu0
         s.interrupted = s.interrupted or interrupted
         for sampler in self._samplers:
@@ -301,11 +305,14 @@ class Profiler:
         self._samplers.append(self._nvml.start())
 
     def _gpu_indices(self) -> list[int] | None:
+        """NVML indices to sample: ``gpus``, else the device's (``cuda:1`` is the second GPU
+        in ``CUDA_VISIBLE_DEVICES``), else a distributed rank's own GPU, else all."""
         if self.gpus is not None:
             return list(self.gpus)
         dev = str(self.device or "")  # torch's "cuda:1" or TensorFlow's "/GPU:1"
         match = re.fullmatch(r"(?:cuda|/?(?:device:)?GPU):(\d+)", dev, flags=re.IGNORECASE)
-        return [int(match.group(1))] if match else None
+        index = ranks.visible_to_nvml(int(match.group(1))) if match else ranks.local_gpu()
+        return None if index is None else [index]
 
     def _collect_samplers(self) -> None:
         from pipeprof.collect.samplers import HostSampler, NvmlSampler

@@ -57,8 +57,13 @@ class Report(Result):
         return [dict(f) for f in self._data["findings"]]
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report and its raw session as one JSON file; returns the path."""
-        return write_atomic(path, json.dumps({**self._data, "session": self.session.to_dict()}))
+        """Write the report and its raw session as one JSON file; returns the path. In a
+        distributed job of more than one rank, ``run.json`` becomes ``run.rank3.json`` (unless
+        the path names its rank already): ranks never overwrite each other's file."""
+        from pipeprof.collect.ranks import rank_path
+
+        text = json.dumps({**self._data, "session": self.session.to_dict()})
+        return write_atomic(rank_path(path), text)
 
     def render(self, fmt: str = "text", **options: Any) -> str:
         """``text`` (rich summary), ``json``, ``html`` or ``chrome`` (a Perfetto trace)."""

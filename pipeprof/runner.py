@@ -349,9 +349,12 @@ class Run:
         self._nvml_started = True
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
+            from pipeprof.collect.ranks import local_gpu
             from pipeprof.collect.samplers import NvmlSampler
 
-            self._samplers.append(NvmlSampler(hz=self.sample_hz).start())
+            mine = local_gpu()  # a distributed rank samples its own GPU (NOTE [ Ranks ])
+            gpus = None if mine is None else [mine]
+            self._samplers.append(NvmlSampler(hz=self.sample_hz, gpus=gpus).start())
 
     # ---- the end ----------------------------------------------------------------------------
 
