@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeprof.collect import ranks
+from pipeprof.collect.comm import CommClock, time_ddp
 from pipeprof.collect.loop import GenericSource, StepLog, run_alone
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
@@ -114,6 +115,7 @@ class Profiler:
         self._twins: list[tuple[Any, Any]] = []
         self._gpu_events: list[tuple[Any, Any]] = []
         self._stream_failed = False
+        self._comm: CommClock | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -152,6 +154,7 @@ class Profiler:
         s.end_ns = clock()
         s.meta["rank"] = ranks.current().to_dict()  # torch.distributed may be up by now
         s.meta["main_cpu_ns"] = time.process_time_ns() - self._cpu0
+        self._comm_meta()
         s.interrupted = s.interrupted or interrupted
         for sampler in self._samplers:
             sampler.stop()
@@ -174,6 +177,7 @@ class Profiler:
     def report(self) -> Report:
         """The Report so far (works during, after, and after an exception in the loop)."""
         self._steps_log.fold()
+        self._comm_meta()
         if self._running:
             self._collect_samplers()
             self.session.end_ns = clock()
@@ -184,6 +188,24 @@ class Profiler:
     def region(self, key: str) -> Any:
         """A timed region (``Forward``, ``Backward``, ``Comm``, ``IO``, ``Other``, any name)."""
         return self.timer.region(key)
+
+    def time_comm(self, model: Any, hook: Any = None, state: Any = None) -> Any:
+        """Time the gradient all-reduce of a ``DistributedDataParallel`` model as each step's
+        ``comm`` (NOTE [ Comm ] in collect/comm.py); returns ``model``. Call it instead of
+        ``model.register_comm_hook(state, hook)`` (DDP takes one hook), before the first
+        backward; without ``hook``, DDP's own all-reduce (same results)."""
+        time_ddp(model, self.comm_clock, hook, state)
+        return model
+
+    def comm_clock(self) -> CommClock:
+        """Where DDP's all-reduce intervals for this Profiler's steps are kept."""
+        if self._comm is None:
+            self._comm = CommClock()
+        return self._comm
+
+    def _comm_meta(self) -> None:
+        if self._comm is not None:
+            self.session.meta["comm"] = self._comm.to_dict()
 
     # ---- the data ---------------------------------------------------------------------------
 
@@ -242,6 +264,8 @@ class Profiler:
                 t_req = clock()
                 if handed:
                     gpu_start = self._gpu_mark(gpu_start, end=True)
+                    if self._comm is not None:
+                        self._comm.fold(log, handed, t_req)
                     log.end(handed, t_req)
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
@@ -265,7 +289,10 @@ class Profiler:
                 yield batch
         finally:
             if handed:
-                log.end(handed, clock())
+                t_end = clock()
+                if self._comm is not None:
+                    self._comm.fold(log, handed, t_end)
+                log.end(handed, t_end)
 
     # ---- GPU compute time (CUDA events) ------------------------------------------------------
 
