@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         help="output format (default: from -o's extension, else text)",
     )
     c.add_argument("-o", "--output", default=None, help="write here instead of standard output")
+    m = sub.add_parser("merge", help="one job report from the per-rank reports of a "
+                       "distributed run: pipeprof merge run.rank*.json -o job.json")  # fmt: skip
+    m.add_argument("files", nargs="+", help="the reports each rank wrote (run.rank0.json ...)")
+    m.add_argument("--format", choices=("text", "json", "html"), default=None,
+                   help="output format (default: from -o's extension, else text)")  # fmt: skip
+    m.add_argument("-o", "--output", default=None, help="write here instead of standard output")
     _bench_parser(sub)
     sub.add_parser(
         "run",
@@ -299,6 +305,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _write(comparison.render(fmt), args.output)
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from pipeprof.report import merge
+
+    fmt = _format(args, ("text", "json", "html"))
+    if args.output:
+        _check_writable(args.output)
+    job = merge(args.files)
+    if fmt == "text" and not args.output:
+        Console().print(job)
+        return 0
+    return _write(job.render(fmt), args.output)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipeprof.bench.sources import resolve
     from pipeprof.render.bench import with_lines
@@ -442,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "merge":
+            return cmd_merge(args)
         return cmd_report(args)
     except KeyboardInterrupt:
         _error("interrupted")

@@ -47,6 +47,7 @@ class Rank:
     world_size: int = 1
     host: str = ""
     source: str = "none"
+    job: str = ""  # the job's id where the launcher gives one: ranks of one job share it
 
     @property
     def distributed(self) -> bool:
@@ -59,6 +60,7 @@ class Rank:
             "world_size": self.world_size,
             "host": self.host,
             "source": self.source,
+            "job": self.job,
         }
 
 
@@ -70,7 +72,7 @@ def _int(env: Mapping[str, str], key: str | None) -> int | None:
 def from_env(env: Mapping[str, str] | None = None) -> Rank:
     """The rank as the launcher's environment gives it (NOTE [ Ranks ])."""
     env = os.environ if env is None else env
-    host = socket.gethostname()
+    host, job = socket.gethostname(), job_id(env)
     for name, rank_key, local_key, world_key in LAUNCHERS:
         rank, world = _int(env, rank_key), _int(env, world_key)
         if rank is None or world is None or world < 1:
@@ -78,9 +80,22 @@ def from_env(env: Mapping[str, str] | None = None) -> Rank:
         local = _int(env, local_key)
         if local is None and local_key is None and world == 1:
             local = 0
-        return Rank(rank, local, world, host, name)
+        return Rank(rank, local, world, host, name, job)
     local = _int(env, "LOCAL_RANK")
-    return Rank(0, 0 if local is None else local, 1, host, "none")
+    return Rank(0, 0 if local is None else local, 1, host, "none", job)
+
+
+def job_id(env: Mapping[str, str]) -> str:
+    """The job's id: Slurm's job id, torchrun's rendezvous id, else where its ranks meet
+    (``MASTER_ADDR:MASTER_PORT``); empty when none is set."""
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}"
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return f"torchrun:{run_id}"
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    return ""
 
 
 def current(env: Mapping[str, str] | None = None) -> Rank:
@@ -96,7 +111,7 @@ def current(env: Mapping[str, str] | None = None) -> Rank:
     except Exception:  # a process group being torn down: the launcher's figures still hold
         return launched
     local = launched.local_rank if launched.world_size == world else None
-    return Rank(rank, local, world, launched.host, "torch.distributed")
+    return Rank(rank, local, world, launched.host, "torch.distributed", launched.job)
 
 
 def _torch_distributed() -> Any:
