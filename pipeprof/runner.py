@@ -225,10 +225,10 @@ class Run:
                 except RuntimeError as exc:  # a built-in hook is registered already
                     run.notes.append(f"DDP's all-reduce was not timed ({exc}); it counts as "
                                      "compute")  # fmt: skip
-            return orig_forward(model, *args, **kwargs)
+            return orig_forward(model, *args, **kwargs)  # type: ignore[no-untyped-call]
 
-        DDP.forward = forward  # type: ignore[method-assign]
-        DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+        DDP.forward = forward  # type: ignore[method-assign,assignment]
+        DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign,assignment]
         originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
         for name, fn in originals.items():
             setattr(dist, name, collective(fn, self._comm_timer))

@@ -35,10 +35,13 @@ def clean_env(monkeypatch):
         ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}, (3, 1, 8, "torchrun")),
         ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "6"}, (5, 1, 6, "slurm")),
         (
-            {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-             "OMPI_COMM_WORLD_SIZE": "4"},
+            {
+                "OMPI_COMM_WORLD_RANK": "2",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                "OMPI_COMM_WORLD_SIZE": "4",
+            },
             (2, 0, 4, "openmpi"),
-        ),  # fmt: skip
+        ),
         ({"PMI_RANK": "1", "PMI_SIZE": "2"}, (1, None, 2, "pmi")),
         ({}, (0, 0, 1, "none")),
         ({"RANK": "x", "WORLD_SIZE": "2"}, (0, 0, 1, "none")),  # not a number: not a launch
@@ -86,8 +89,11 @@ def test_rank_paths_never_collide():
         ({"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"}, 1),
         ({"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "2,3"}, 3),
         ({"LOCAL_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "CUDA_VISIBLE_DEVICES": "6"}, 6),
-        ({"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "GPU-ab,GPU-cd"},
-         None),  # fmt: skip
+        (
+            {"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2",
+             "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"},
+            None,
+        ),
         ({"PMI_RANK": "1", "PMI_SIZE": "2"}, None),  # no local rank: cannot tell
         ({}, None),  # not distributed: every GPU, as before
     ],

@@ -25,6 +25,7 @@ Nothing here reads files or clocks: the job dict follows from the rank dicts.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import Any
 
@@ -83,7 +84,7 @@ def _check_overlap(ranks: list[tuple[str, dict[str, Any]]]) -> None:
         if isinstance(start, (int, float)):
             spans.append((float(start), float(start) + float(rep.get("wall_s") or 0.0), name))
     spans.sort()
-    for (a0, a1, an), (b0, _, bn) in zip(spans, spans[1:]):
+    for (_, a1, an), (b0, _, bn) in itertools.pairwise(spans):
         if b0 > a1 + 60.0:  # a minute's grace: start-up, clocks of different hosts
             raise JobError(
                 f"{an} and {bn} are from different runs: {bn} started {b0 - a1:.0f} s after "
@@ -105,9 +106,8 @@ def job_dict(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         "hosts": sorted({r["host"] for r in rows}),
         "ranks": rows,
         "runtime_s": round(max(r["wall_s"] for r in rows), 9),
-        "samples_per_s": round(sum(r["samples"] for r in rows)
-                               / max(max(r["wall_s"] for r in rows), 1e-12), 3),  # fmt: skip
     }
+    out["samples_per_s"] = round(sum(r["samples"] for r in rows) / max(out["runtime_s"], 1e-12), 3)
     out["efficiency"] = efficiencies(rows, out["runtime_s"])
     out["stragglers"] = stragglers(rows)
     out["what_if"] = kept_up(rows, out["samples_per_s"])

@@ -80,8 +80,9 @@ def main():
     loop_s = time.perf_counter() - t0
     if args.truth:
         with open(f"{args.truth}.rank{rank}.json", "w") as f:
+            weights = float(sum(p.detach().sum() for p in model.parameters()))
             json.dump({"rank": rank, "steps": steps, "injected_s": data.slept, "waited_s": waited,
-                       "loop_s": loop_s, "weight_sum": float(sum(p.detach().sum() for p in model.parameters()))}, f)
+                       "loop_s": loop_s, "weight_sum": weights}, f)
     dist.destroy_process_group()
 
 
