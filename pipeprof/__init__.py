@@ -10,7 +10,7 @@ from pipeprof.collect.timer import Timer
 from pipeprof.core.recorder import stage
 from pipeprof.core.session import Session
 from pipeprof.profiler import Profiler, profile
-from pipeprof.report import Comparison, Report, compare, load
+from pipeprof.report import Comparison, Job, Report, compare, load, merge
 from pipeprof.version import __version__
 
 
@@ -31,6 +31,6 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "Bench", "Comparison", "Profiler", "Report", "Session", "Timer", "__version__", "bench",
-    "compare", "load", "profile", "stage",
+    "Bench", "Comparison", "Job", "Profiler", "Report", "Session", "Timer", "__version__",
+    "bench", "compare", "load", "merge", "profile", "stage",
 ]  # fmt: skip

@@ -6,7 +6,6 @@ import argparse
 import errno
 import json
 import math
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -59,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         help="output format (default: from -o's extension, else text)",
     )
     c.add_argument("-o", "--output", default=None, help="write here instead of standard output")
+    m = sub.add_parser("merge", help="one job report from the per-rank reports of a "
+                       "distributed run: pipeprof merge run.rank*.json -o job.json")  # fmt: skip
+    m.add_argument("files", nargs="+", help="the reports each rank wrote (run.rank0.json ...)")
+    m.add_argument("--format", choices=("text", "json", "html"), default=None,
+                   help="output format (default: from -o's extension, else text)")  # fmt: skip
+    m.add_argument("-o", "--output", default=None, help="write here instead of standard output")
     _bench_parser(sub)
     sub.add_parser(
         "run",
@@ -89,6 +94,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-regions", action="store_true",
                    help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    p.add_argument("--all-ranks", action="store_true",
+                   help="in a distributed job, every rank prints its summary (default: rank 0 "
+                   "only; every rank writes its files)")  # fmt: skip
     return p
 
 
@@ -297,6 +305,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _write(comparison.render(fmt), args.output)
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from pipeprof.report import merge
+
+    fmt = _format(args, ("text", "json", "html"))
+    if args.output:
+        _check_writable(args.output)
+    job = merge(args.files)
+    if fmt == "text" and not args.output:
+        Console().print(job)
+        return 0
+    return _write(job.render(fmt), args.output)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipeprof.bench.sources import resolve
     from pipeprof.render.bench import with_lines
@@ -343,13 +364,13 @@ def cmd_run(argv: list[str]) -> int:
     if not opts.sample_hz >= 0:
         parser.error("--sample-hz must be 0 or more")
     runner.check_target(target, module)
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
-    if rank is not None and world.isdigit() and int(world) > 1:  # torchrun: a file per rank
-        for name in ("out", "html", "trace"):
-            path = getattr(opts, name)
-            if path:
-                p = Path(path)
-                setattr(opts, name, str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}")))
+    from pipeprof.collect.ranks import from_env, rank_path
+
+    opts.rank = from_env()  # torchrun, srun, mpirun: a file per rank (NOTE [ Ranks ])
+    for name in ("out", "html", "trace"):
+        path = getattr(opts, name)
+        if path:
+            setattr(opts, name, str(rank_path(path, opts.rank)))
     for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
         if path:
             _check_writable(path)
@@ -396,14 +417,25 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool) -> None:
     if opts.trace:
         with _naming(opts.trace):
             Path(opts.trace).write_text(main.render("chrome"), encoding="utf-8")
-    if opts.quiet:
+    rank = opts.rank
+    if opts.quiet or (rank.rank != 0 and not opts.all_ranks):
         return
+    if rank.distributed:
+        err.print(f"pipeprof: rank {rank.rank} of {rank.world_size} ({rank.host})",
+                  markup=False, highlight=False)  # fmt: skip
     Console(stderr=True).print(main)
     for line in runner.summary_lines(reports, paths):
         err.print(line, markup=False, highlight=False)
     for path in (opts.html, opts.trace):
         if path:
             err.print(f"written: {Path(path).resolve()}", markup=False, highlight=False)
+    if rank.distributed and rank.rank == 0:
+        every = Path(opts.out).name.replace(".rank0", ".rank*")
+        err.print(
+            f"every rank wrote its own report; one job report: pipeprof merge "
+            f"{Path(opts.out).parent / every} -o job.json (docs/distributed.md)",
+            markup=False, highlight=False,
+        )  # fmt: skip
 
 
 def _slug(label: str) -> str:
@@ -429,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "merge":
+            return cmd_merge(args)
         return cmd_report(args)
     except KeyboardInterrupt:
         _error("interrupted")

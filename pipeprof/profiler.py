@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from pipeprof.collect import ranks
+from pipeprof.collect.comm import CommClock, time_ddp
 from pipeprof.collect.loop import GenericSource, StepLog, run_alone
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
@@ -91,7 +93,8 @@ class Profiler:
                 f"replay must be a whole number of batches >= 0 to keep for Profiler.replay(), "
                 f"got {replay!r}"
             )
-        if stream is not None:
+        if stream is not None:  # a file per rank in a distributed job (NOTE [ Ranks ])
+            stream = str(ranks.rank_path(stream))
             _check_writable(stream, "stream")
         self.device = device
         self.sample_hz = sample_hz
@@ -113,6 +116,7 @@ class Profiler:
         self._gpu_events: list[tuple[Any, Any]] = []
         self._stream_failed = False
         self._compute_cpu_ns = 0  # the process's CPU time while the loop computed
+        self._comm: CommClock | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -129,6 +133,7 @@ class Profiler:
                 "pipeprof.Profiler() for another run"
             )
         s = self.session
+        s.meta["rank"] = ranks.current().to_dict()
         s.start_ns = clock()
         self._cpu0 = time.process_time_ns()
         self._last_flush = time.monotonic()
@@ -148,8 +153,10 @@ class Profiler:
         self._steps_log.fold()
         s = self.session
         s.end_ns = clock()
+        s.meta["rank"] = ranks.current().to_dict()  # torch.distributed may be up by now
         s.meta["main_cpu_ns"] = time.process_time_ns() - self._cpu0
         s.meta["compute_cpu_ns"] = self._compute_cpu_ns
+        self._comm_meta()
         s.interrupted = s.interrupted or interrupted
         for sampler in self._samplers:
             sampler.stop()
@@ -172,6 +179,7 @@ class Profiler:
     def report(self) -> Report:
         """The Report so far (works during, after, and after an exception in the loop)."""
         self._steps_log.fold()
+        self._comm_meta()
         if self._running:
             self._collect_samplers()
             self.session.end_ns = clock()
@@ -183,6 +191,24 @@ class Profiler:
     def region(self, key: str) -> Any:
         """A timed region (``Forward``, ``Backward``, ``Comm``, ``IO``, ``Other``, any name)."""
         return self.timer.region(key)
+
+    def time_comm(self, model: Any, hook: Any = None, state: Any = None) -> Any:
+        """Time the gradient all-reduce of a ``DistributedDataParallel`` model as each step's
+        ``comm`` (NOTE [ Comm ] in collect/comm.py); returns ``model``. Call it instead of
+        ``model.register_comm_hook(state, hook)`` (DDP takes one hook), before the first
+        backward; without ``hook``, DDP's own all-reduce (same results)."""
+        time_ddp(model, self.comm_clock, hook, state)
+        return model
+
+    def comm_clock(self) -> CommClock:
+        """Where DDP's all-reduce intervals for this Profiler's steps are kept."""
+        if self._comm is None:
+            self._comm = CommClock()
+        return self._comm
+
+    def _comm_meta(self) -> None:
+        if self._comm is not None:
+            self.session.meta["comm"] = self._comm.to_dict()
 
     # ---- the data ---------------------------------------------------------------------------
 
@@ -243,6 +269,8 @@ class Profiler:
                 if handed:
                     self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                     gpu_start = self._gpu_mark(gpu_start, end=True)
+                    if self._comm is not None:
+                        self._comm.fold(log, handed, t_req)
                     log.end(handed, t_req)
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
@@ -268,7 +296,10 @@ class Profiler:
         finally:
             if handed:
                 self._compute_cpu_ns += time.process_time_ns() - cpu_handed
-                log.end(handed, clock())
+                t_end = clock()
+                if self._comm is not None:
+                    self._comm.fold(log, handed, t_end)
+                log.end(handed, t_end)
 
     # ---- GPU compute time (CUDA events) ------------------------------------------------------
 
@@ -308,11 +339,14 @@ class Profiler:
         self._samplers.append(self._nvml.start())
 
     def _gpu_indices(self) -> list[int] | None:
+        """NVML indices to sample: ``gpus``, else the device's (``cuda:1`` is the second GPU
+        in ``CUDA_VISIBLE_DEVICES``), else a distributed rank's own GPU, else all."""
         if self.gpus is not None:
             return list(self.gpus)
         dev = str(self.device or "")  # torch's "cuda:1" or TensorFlow's "/GPU:1"
         match = re.fullmatch(r"(?:cuda|/?(?:device:)?GPU):(\d+)", dev, flags=re.IGNORECASE)
-        return [int(match.group(1))] if match else None
+        index = ranks.visible_to_nvml(int(match.group(1))) if match else ranks.local_gpu()
+        return None if index is None else [index]
 
     def _collect_samplers(self) -> None:
         from pipeprof.collect.samplers import HostSampler, NvmlSampler

@@ -57,8 +57,13 @@ class Report(Result):
         return [dict(f) for f in self._data["findings"]]
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report and its raw session as one JSON file; returns the path."""
-        return write_atomic(path, json.dumps({**self._data, "session": self.session.to_dict()}))
+        """Write the report and its raw session as one JSON file; returns the path. In a
+        distributed job of more than one rank, ``run.json`` becomes ``run.rank3.json`` (unless
+        the path names its rank already): ranks never overwrite each other's file."""
+        from pipeprof.collect.ranks import rank_path
+
+        text = json.dumps({**self._data, "session": self.session.to_dict()})
+        return write_atomic(rank_path(path), text)
 
     def render(self, fmt: str = "text", **options: Any) -> str:
         """``text`` (rich summary), ``json``, ``html`` or ``chrome`` (a Perfetto trace)."""
@@ -169,3 +174,52 @@ def _comparable(data: dict[str, Any], path: Path) -> dict[str, Any]:
             "again (report.save(path), or `pipeprof report FILE --format json -o OUT.json`)"
         ) from None
     return data
+
+
+class Job(Result):
+    """One report for a distributed job, from its ranks' reports (schema ``pipeprof-job/1``;
+    NOTE [ Job report ] in analyze/job.py): per-rank wait / transfer / compute / comm / other
+    and samples/s, the straggler ranks and their slow stage, POP efficiencies and the rate if
+    every rank's pipeline kept up. Shows itself like a Report."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def _data_dict(self) -> dict[str, Any]:
+        return self._data
+
+    @property
+    def stragglers(self) -> list[dict[str, Any]]:
+        return [dict(s) for s in self._data["stragglers"]]
+
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """``text``, ``json`` or ``html``."""
+        from pipeprof.render.job import render
+
+        return render(self._data, fmt, **options)
+
+    def _renderables(self) -> Iterable[Any]:
+        from pipeprof.render.job import summary
+
+        return summary(self._data)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/html": self._repr_html_(), "text/plain": self.render("text")}
+
+    def __repr__(self) -> str:
+        return f"<pipeprof.Job {self._data['headline']}>"
+
+
+def merge(ranks: Iterable[Report | str | os.PathLike[str]]) -> Job:
+    """One job report from the reports of a distributed job's ranks: ``Report`` objects or the
+    files each rank saved (``run.rank0.json``, ``run.rank1.json``...). A missing rank is named
+    in the report; duplicate ranks, files of different world sizes or of different runs raise
+    ``ValueError`` saying which files."""
+    from pipeprof.analyze.job import job_dict
+
+    named: list[tuple[str, dict[str, Any]]] = []
+    for i, item in enumerate(ranks):
+        report = item if isinstance(item, Report) else Report.load(item)
+        name = str(item) if not isinstance(item, Report) else f"report #{i + 1}"
+        named.append((name, {**report.to_dict(), "started_at": report.session.started_at}))
+    return Job(job_dict(named))

@@ -191,6 +191,9 @@ class Run:
                 nn_module.register_module_forward_hook(self._forward_post, always_call=True),
             ]
 
+        if self.regions and torch.distributed.is_available():
+            self._patch_distributed()
+
         def undo() -> None:
             DataLoader.__init__ = orig_init  # type: ignore[method-assign,assignment]
             DataLoader.__iter__ = orig_iter  # type: ignore[method-assign,assignment]
@@ -273,6 +276,68 @@ class Run:
 
             self._samplers.append(HostSampler(hz=self.sample_hz).start())
         return callback
+
+    def _patch_distributed(self) -> None:
+        """DDP's all-reduce and the blocking collectives as the step's comm (NOTE [ Comm ]).
+
+        DDP takes one communication hook per model: pipeprof registers its timed all-reduce at
+        the model's first forward, unless the script registered a hook of its own, which is then
+        timed instead (a built-in C++ hook cannot be wrapped: a note says so)."""
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from pipeprof.collect.comm import COLLECTIVES, collective, time_ddp, timed_hook
+
+        run = self
+        orig_forward, orig_register = DDP.forward, DDP.register_comm_hook
+
+        @functools.wraps(orig_register)
+        def register_comm_hook(model: Any, state: Any, hook: Any) -> Any:
+            model._pipeprof_hooked = True
+            if getattr(hook, "pipeprof_timed", False) or getattr(hook, "__name__", "") in (
+                "bf16_compress_hook", "bf16_compress_wrapper_hook",  # DDP checks these names
+            ):  # fmt: skip
+                return orig_register(model, state, hook)
+            run.seen.add("Comm")
+            return orig_register(model, state, timed_hook(hook, run._comm_clock))
+
+        @functools.wraps(orig_forward)
+        def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if not run.stopped and not getattr(model, "_pipeprof_hooked", False):
+                model._pipeprof_hooked = True
+                try:
+                    time_ddp(model, run._comm_clock)
+                    run.seen.add("Comm")
+                except RuntimeError as exc:  # a built-in hook is registered already
+                    run.notes.append(f"DDP's all-reduce was not timed ({exc}); it counts as "
+                                     "compute")  # fmt: skip
+            return orig_forward(model, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+        DDP.forward = forward  # type: ignore[method-assign,assignment]
+        DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign,assignment]
+        originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+        for name, fn in originals.items():
+            setattr(dist, name, collective(fn, self._comm_timer))
+
+        def undo() -> None:
+            DDP.forward = orig_forward  # type: ignore[method-assign]
+            DDP.register_comm_hook = orig_register  # type: ignore[method-assign]
+            for name, fn in originals.items():
+                setattr(dist, name, fn)
+
+        self._undo.append(undo)
+
+    def _comm_clock(self) -> Any:
+        p = self.current
+        if p is None or self.stopped or p.entry.prof is None:
+            return None
+        return p.entry.prof.comm_clock()
+
+    def _comm_timer(self) -> Any:
+        timer = self._timer()
+        if timer is not None:
+            self.seen.add("Comm")
+        return timer
 
     def _wrap_profiler_start(self) -> None:
         start = Profiler.start
@@ -455,9 +520,12 @@ class Run:
         self._nvml_started = True
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
+            from pipeprof.collect.ranks import local_gpu
             from pipeprof.collect.samplers import NvmlSampler
 
-            self._samplers.append(NvmlSampler(hz=self.sample_hz).start())
+            mine = local_gpu()  # a distributed rank samples its own GPU (NOTE [ Ranks ])
+            gpus = None if mine is None else [mine]
+            self._samplers.append(NvmlSampler(hz=self.sample_hz, gpus=gpus).start())
 
     # ---- the end ----------------------------------------------------------------------------
 
@@ -524,6 +592,7 @@ class Run:
         compute = loop.get("compute_s") or 0.0
         regions = loop.get("regions") or {}
         inside = sum(regions[k]["total_s"] for k in seen if k in regions)
+        inside -= loop.get("comm_s") or 0.0  # DDP's all-reduce waits inside Backward
         if seen and compute > 0:
             rest = max(0.0, compute - inside)
             text += (

@@ -35,14 +35,16 @@ def _parts(part: dict[str, Stat], h2d_s: float) -> dict[str, float]:
     transfer = max(transfer, h2d_s)
     compute = part["compute"].total_ns / 1e9
     overhead = part["overhead"].total_ns / 1e9
-    return {"wait_s": wait, "transfer_s": transfer, "compute_s": compute, "overhead_s": overhead}
+    comm = part["comm"].total_ns / 1e9
+    return {"wait_s": wait, "transfer_s": transfer, "compute_s": compute, "comm_s": comm,
+            "overhead_s": overhead}  # fmt: skip
 
 
 def _fractions(p: dict[str, float], part: dict[str, Stat]) -> dict[str, Any]:
     wall = sum(p.values())
     out: dict[str, Any] = {k: round(v, 9) for k, v in p.items()}
     out["wall_s"] = round(wall, 9)
-    for k in ("wait", "transfer", "compute", "overhead"):
+    for k in ("wait", "transfer", "compute", "comm", "overhead"):
         out[f"{k}_fraction"] = round(p[f"{k}_s"] / wall, 6) if wall else None
     out.update(wait_split(part, p["wait_s"], wall))
     return out
@@ -140,7 +142,7 @@ def loop_floor(loop: dict[str, Any], samples_per_step: float) -> dict[str, float
     if not steps or not samples_per_step:
         return None
     parts = {k: (view.get(f"{k}_s") or 0.0) * 1e3 / steps
-             for k in ("compute", "transfer", "overhead", "handover")}  # fmt: skip
+             for k in ("compute", "comm", "transfer", "overhead", "handover")}  # fmt: skip
     total = sum(parts.values())
     if total <= 0:
         return None

@@ -8,7 +8,9 @@ bookkeeping inside ``next()`` is measured there and left out of the wait. ``tran
 host-to-device copy when pipeprof moves the batch (``device=``), plus the
 user's regions named ``Transfer``/``H2D``/``IO``; ``compute`` is the rest of the step, from the
 moment the batch is handed over to the next request, minus "overhead" regions (any region that
-is not a compute key — logging, callbacks, ``Other``; see core/regions.py). ``Epoch`` and
+is not a compute key — logging, callbacks, ``Other``; see core/regions.py) and minus ``comm``:
+``Comm`` regions and the exposed wait of DDP's gradient all-reduce (NOTE [ Comm ] in
+collect/comm.py), the time the step was blocked on collective communication. ``Epoch`` and
 ``Batch`` regions are containers and count nowhere. The first steps of every epoch, until each
 DataLoader worker has delivered a batch (``num_workers`` steps, at least one), are start-up
 (worker start, prefetch fill) and kept apart: ``steady`` figures leave them out, the totals keep
@@ -51,9 +53,9 @@ class StepLog:
             name: {k: [] for k in STEP_PARTS} for name in ("first", "steady")
         }
         self._pending_regions: dict[str, list[int]] = {}
-        self._class_ns = {"transfer": 0, "overhead": 0}
+        self._class_ns = {"transfer": 0, "overhead": 0, "comm": 0}
         self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
-        self._marks: tuple[int, int, dict[str, list[int]]] = (0, 0, self._pending["first"])
+        self._marks: tuple[int, int, int, dict[str, list[int]]] = (0, 0, 0, self._pending["first"])
 
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A user region closed (``Profiler.region``)."""
@@ -71,6 +73,17 @@ class StepLog:
         kind = region_class(key)
         if kind in self._class_ns:
             self._class_ns[kind] += max(0, duration_ns - inner)
+
+    def comm(self, start_ns: int, duration_ns: int) -> None:
+        """Time the step was blocked on communication measured off the loop's thread (DDP's
+        all-reduce: NOTE [ Comm ] in collect/comm.py): a ``Comm`` region inside whatever region
+        was open then (``Backward``), taken out of compute."""
+        values = self._pending_regions.get("Comm")
+        if values is None:
+            values = self._pending_regions["Comm"] = []
+        values.append(duration_ns)
+        self.session.spans.append(("main", "region/Comm", start_ns, duration_ns))
+        self._class_ns["comm"] += duration_ns
 
     def begin(
         self, t_req: int, wait: int, transfer: int, first: bool, starved: int | None = None
@@ -90,32 +103,35 @@ class StepLog:
         rec.steps += 1
         rec.step_ring.append([t_req, wait, transfer, 0, int(first)])
         self._closed.clear()
-        self._marks = (self._class_ns["transfer"], self._class_ns["overhead"], part)
+        c = self._class_ns
+        self._marks = (c["transfer"], c["overhead"], c["comm"], part)
 
     def end(self, handed: int, t_end: int) -> None:
         """Close the step whose batch was handed over at ``handed`` (NOTE [ Step attribution ])."""
-        transfer_before, overhead_before, _ = self._marks
+        transfer_before, overhead_before, comm_before, _ = self._marks
         cpu = t_end - handed
         user = min(cpu, self._class_ns["transfer"] - transfer_before)
         overhead = min(cpu - user, self._class_ns["overhead"] - overhead_before)
-        self.close(cpu - user - overhead, overhead, user)
+        comm = min(cpu - user - overhead, self._class_ns["comm"] - comm_before)
+        self.close(cpu - user - overhead - comm, overhead, user, comm)
 
     def add(self, t_req: int, wait: int, compute: int, overhead: int, first: bool) -> None:
         """A whole step measured from outside (Keras' batch hooks): no regions, no copy."""
         self.begin(t_req, wait, 0, first)
         self.close(compute, overhead, 0)
 
-    def close(self, compute: int, overhead: int, user_transfer: int) -> None:
-        """The open step's compute, overhead and the user's own transfer regions, in ns."""
-        part = self._marks[2]
+    def close(self, compute: int, overhead: int, user_transfer: int, comm: int = 0) -> None:
+        """The open step's compute, overhead, the user's own transfer regions and comm, in ns."""
+        part = self._marks[3]
         part["compute"].append(compute)
+        part["comm"].append(comm)
         part["overhead"].append(overhead)
         part["user_transfer"].append(user_transfer)
         row = self.record.step_ring[-1]
         row[2] += user_transfer
         row[3] = compute
         steps = part["step"]
-        steps.append(row[1] + row[2] + compute + overhead)
+        steps.append(row[1] + row[2] + compute + comm + overhead)
         if len(steps) >= FOLD_EVERY:
             self.fold()
 

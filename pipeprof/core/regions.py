@@ -1,6 +1,8 @@
 """How a named region counts in a training step (NOTE [ Step attribution ] in collect/loop.py).
 
-Deep500's keys and a few common names: compute keys are compute; ``Transfer``/``H2D``/``IO`` are
+Deep500's keys and a few common names: compute keys are compute; ``Comm`` (collective
+communication: DDP's gradient all-reduce, explicit collectives) is its own part of the step, so a
+rank waiting for a slower one shows as comm, not compute; ``Transfer``/``H2D``/``IO`` are
 the host-to-device copy; ``Epoch`` and ``Batch`` contain steps and count nowhere; any other name
 (logging, callbacks, ``Other``) is overhead outside compute.
 """
@@ -9,17 +11,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-RegionClass = Literal["compute", "transfer", "container", "overhead"]
+RegionClass = Literal["compute", "comm", "transfer", "container", "overhead"]
 
-COMPUTE_KEYS = frozenset({"Forward", "Backward", "Comm", "Loss", "Optimizer", "Step", "Compute"})
+COMPUTE_KEYS = frozenset({"Forward", "Backward", "Loss", "Optimizer", "Step", "Compute"})
+COMM_KEYS = frozenset({"Comm"})
 TRANSFER_KEYS = frozenset({"Transfer", "H2D", "IO", "transfer", "h2d"})
 CONTAINER_KEYS = frozenset({"Epoch", "Batch"})
 
 
 def region_class(key: str) -> RegionClass:
-    """How a region counts in the step: compute, transfer, container or overhead."""
+    """How a region counts in the step: compute, comm, transfer, container or overhead."""
     if key in COMPUTE_KEYS:
         return "compute"
+    if key in COMM_KEYS:
+        return "comm"
     if key in TRANSFER_KEYS:
         return "transfer"
     if key in CONTAINER_KEYS:

@@ -41,7 +41,8 @@ SETTLE_EVENTS = 65_536  # pending records that start a background settle (about 
 SETTLE_CHUNK = 8_192  # records folded between two releases of the GIL
 # Per-step figures of a training loop (NOTE [ Step attribution ] in collect/loop.py), in ns
 STEP_PARTS = (
-    "wait", "starved", "handover", "transfer", "user_transfer", "compute", "overhead", "step",
+    "wait", "starved", "handover", "transfer", "user_transfer", "compute", "comm", "overhead",
+    "step",
 )  # fmt: skip
 
 Mode = Literal["loader", "loop"]

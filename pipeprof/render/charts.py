@@ -16,7 +16,8 @@ from typing import Any
 from pipeprof.render.figures import STEP_PARTS, family, num, pct, top_total
 
 WIDTH = 720
-PART_COLOR = {"wait": "#e8590c", "transfer": "#9c36b5", "compute": "#2f9e44", "overhead": "#868e96"}
+PART_COLOR = {"wait": "#e8590c", "transfer": "#9c36b5", "compute": "#2f9e44", "comm": "#1971c2",
+              "overhead": "#868e96"}  # fmt: skip
 FAMILY_COLOR = ["#1c7ed6", "#f08c00", "#0ca678", "#9c36b5", "#868e96"]
 FAMILY_LIGHT = ["#74c0fc", "#ffc078", "#63e6be", "#da77f2", "#ced4da"]
 REGION_COLOR = ["#2b8a3e", "#5c940d", "#1864ab", "#862e9c", "#0b7285", "#e67700", "#a61e4d"]
@@ -84,6 +85,8 @@ def _part_segments(view: dict[str, Any]) -> list[Segment]:
     steps, out = max(1, view.get("steps") or 1), []
     for key, name in STEP_PARTS:
         frac = view.get(f"{key}_fraction") or 0.0
+        if key == "comm" and not frac:
+            continue
         title = f"{name}: {pct(frac, 1)} of step time"
         if view.get(f"{key}_s") is not None:
             title += f", {num(view[f'{key}_s'] * 1e3 / steps)} ms/step"
@@ -152,7 +155,8 @@ def stacked_steps(
     if regions:
         inner += _stacked_row(y, "by region", regions, span)
         y += 30
-    inner.append(svg_legend(y + 12, [(n, PART_COLOR[k]) for k, n in STEP_PARTS]))
+    shown = {key for _, view in rows for key, *_ in _part_segments(view)}
+    inner.append(svg_legend(y + 12, [(n, PART_COLOR[k]) for k, n in STEP_PARTS if k in shown]))
     return svg_chart("step-breakdown", y + 22, "step time: wait, transfer, compute, other", inner)
 
 

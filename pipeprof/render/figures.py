@@ -29,6 +29,7 @@ STEP_PARTS = (
     ("wait", "wait"),
     ("transfer", "transfer"),
     ("compute", "compute"),
+    ("comm", "comm"),  # shown only where there was some (a distributed job)
     ("overhead", "other"),
 )
 BATCH_ROWS = 2000  # batches kept for the loader-mode wait chart

@@ -41,7 +41,8 @@ from pipeprof.render.figures import (
 
 MAX_WIDTH = 80
 BAR_WIDTH = 12
-PART_STYLE = {"wait": "red", "transfer": "magenta", "compute": "green", "overhead": "blue"}
+PART_STYLE = {"wait": "red", "transfer": "magenta", "compute": "green", "comm": "cyan",
+              "overhead": "blue"}  # fmt: skip
 
 
 def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
@@ -148,7 +149,7 @@ def steptable(loop: dict[str, Any]) -> RenderableType:
     t.add_column("", no_wrap=True, width=20)
     for key, name in STEP_PARTS:
         seconds = view.get(f"{key}_s")
-        if seconds is None:
+        if seconds is None or (key == "comm" and not seconds):
             continue
         frac = view.get(f"{key}_fraction")
         t.add_row(

@@ -1,0 +1,245 @@
+"""One report for a distributed job: its ranks' reports side by side (schema ``pipeprof-job/1``).
+
+NOTE [ Job report ]
+Each rank's report (analyze.analysis) splits its steps into wait / transfer / compute / comm /
+other. Data-parallel training is synchronous: every step ends in the gradient all-reduce, so a
+rank whose input pipeline is slow makes every other rank wait there. The job report reads that
+back from the ranks' figures:
+
+- **straggler**: the rank that waited for data the longest (its loop's ``wait_fraction``), when
+  it waited ``STRAGGLER_MARGIN`` of step time more than the median of the other ranks; its
+  slow stage is its own verdict's stage (or its slowest stage). The other ranks' comm is where
+  they waited for it.
+- **POP efficiencies** (the POP Centre of Excellence's metrics), over each rank's *useful* time,
+  its compute (``compute_s``; comm, wait, transfer and other are not useful): load balance =
+  mean / max of useful time; communication efficiency = max useful / runtime (the longest
+  rank's loop); parallel efficiency = their product = mean useful / runtime.
+- **what-if**: the job's rate if every rank's pipeline kept up: each rank's step keeps its
+  compute, transfer and other and waits only as long as the least-waiting rank per step; the
+  step of the job is the slowest such rank plus the least comm any rank paid per step (the
+  all-reduce's own cost: the last rank to arrive waits least in it). An estimate from measured
+  figures, as the single-process what-ifs are.
+
+Nothing here reads files or clocks: the job dict follows from the rank dicts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from typing import Any
+
+JOB_SCHEMA = "pipeprof-job/1"
+STRAGGLER_MARGIN = 0.05  # TensorFlow's "moderately input-bound" share of step time
+PARTS = ("wait", "transfer", "compute", "comm", "overhead")
+
+
+class JobError(ValueError):
+    """Rank reports that do not make one job (duplicate ranks, other world sizes, other jobs)."""
+
+
+def check_job(ranks: list[tuple[str, dict[str, Any]]]) -> None:
+    """Raise ``JobError`` when the ``(file, report)`` pairs are not ranks of one job."""
+    if not ranks:
+        raise JobError("no rank reports given: pass the files each rank wrote (run.rank*.json)")
+    seen: dict[int, str] = {}
+    worlds: dict[int, str] = {}
+    for name, report in ranks:
+        info = (report.get("meta") or {}).get("rank")
+        if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
+            raise JobError(
+                f"{name} says nothing of its rank (no meta.rank): it was written by a pipeprof "
+                "without distributed support; profile the job again"
+            )
+        if report.get("mode") != "loop" or not report.get("loop"):
+            raise JobError(f"{name} is not a training loop's report: merge reads loop reports")
+        r = info["rank"]
+        if r in seen:
+            raise JobError(
+                f"rank {r} appears twice ({seen[r]} and {name}): give each rank's file once"
+            )
+        seen[r] = name
+        worlds.setdefault(int(info.get("world_size") or 1), name)
+    if len(worlds) > 1:
+        sizes = ", ".join(f"{w} in {n}" for w, n in sorted(worlds.items()))
+        raise JobError(f"the files are from jobs of different sizes (world size {sizes}): "
+                       "merge the files of one job")  # fmt: skip
+    world = next(iter(worlds))
+    beyond = sorted(r for r in seen if not 0 <= r < world)
+    if beyond:
+        raise JobError(f"rank {beyond[0]} ({seen[beyond[0]]}) is outside a job of {world} ranks")
+    jobs = {str((rep.get("meta") or {}).get("rank", {}).get("job") or "") for _, rep in ranks}
+    if len(jobs - {""}) > 1:
+        raise JobError(f"the files are from different jobs ({', '.join(sorted(jobs - {''}))}): "
+                       "merge the files of one job")  # fmt: skip
+    _check_overlap(ranks)
+
+
+def _check_overlap(ranks: list[tuple[str, dict[str, Any]]]) -> None:
+    """The ranks of one job run at the same time: two files whose runs never overlapped (by
+    their wall-clock start and length) are from two runs."""
+    spans = []
+    for name, rep in ranks:
+        start = rep.get("started_at")  # the session's, added by merge
+        if isinstance(start, (int, float)):
+            spans.append((float(start), float(start) + float(rep.get("wall_s") or 0.0), name))
+    spans.sort()
+    for (_, a1, an), (b0, _, bn) in itertools.pairwise(spans):
+        if b0 > a1 + 60.0:  # a minute's grace: start-up, clocks of different hosts
+            raise JobError(
+                f"{an} and {bn} are from different runs: {bn} started {b0 - a1:.0f} s after "
+                f"{an} ended; merge the files of one job"
+            )
+
+
+def job_dict(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The job report for the ``(file, report dict)`` of each rank (NOTE [ Job report ])."""
+    check_job(ranks)
+    rows = sorted((_rank_row(name, rep) for name, rep in ranks), key=lambda r: r["rank"])
+    world = int(ranks[0][1]["meta"]["rank"].get("world_size") or 1)
+    missing = sorted(set(range(world)) - {r["rank"] for r in rows})
+    out: dict[str, Any] = {
+        "schema": JOB_SCHEMA,
+        "world_size": world,
+        "ranks_present": [r["rank"] for r in rows],
+        "missing_ranks": missing,
+        "hosts": sorted({r["host"] for r in rows}),
+        "ranks": rows,
+        "runtime_s": round(max(r["wall_s"] for r in rows), 9),
+    }
+    out["samples_per_s"] = round(sum(r["samples"] for r in rows) / max(out["runtime_s"], 1e-12), 3)
+    out["efficiency"] = efficiencies(rows, out["runtime_s"])
+    out["stragglers"] = stragglers(rows)
+    out["what_if"] = kept_up(rows, out["samples_per_s"])
+    out["notes"] = _notes(out)
+    out["headline"] = _headline(out)
+    return out
+
+
+def _rank_row(name: str, rep: dict[str, Any]) -> dict[str, Any]:
+    loop, info = rep["loop"], rep["meta"]["rank"]
+    verdict = rep.get("verdict") or {}
+    row: dict[str, Any] = {
+        "rank": info["rank"],
+        "local_rank": info.get("local_rank"),
+        "host": info.get("host") or "",
+        "file": name,
+        "steps": loop.get("steps") or 0,
+        "samples": rep.get("samples") or 0,
+        "wall_s": loop.get("wall_s") or 0.0,
+        "verdict": verdict.get("kind"),
+        "stage": verdict.get("stage") or _slowest_stage(rep),
+        "interrupted": bool(rep.get("interrupted")),
+    }
+    for k in PARTS:
+        row[f"{k}_s"] = loop.get(f"{k}_s") or 0.0
+        row[f"{k}_fraction"] = loop.get(f"{k}_fraction") or 0.0
+    row["samples_per_s"] = round(row["samples"] / row["wall_s"], 3) if row["wall_s"] else None
+    return row
+
+
+def _slowest_stage(rep: dict[str, Any]) -> str | None:
+    stages = {p: s.get("total_s") or 0.0 for p, s in (rep.get("stages") or {}).items()
+              if "/" not in p and p != "transfer"}  # fmt: skip
+    return max(stages, key=lambda p: stages[p]) if stages else None
+
+
+def efficiencies(rows: list[dict[str, Any]], runtime_s: float) -> dict[str, Any]:
+    """POP's load balance, communication and parallel efficiency over useful (compute) time."""
+    useful = [r["compute_s"] for r in rows]
+    top = max(useful)
+    lb = statistics.fmean(useful) / top if top else None
+    ce = top / runtime_s if runtime_s else None
+    return {
+        "useful": "compute_s",
+        "load_balance": None if lb is None else round(lb, 4),
+        "communication": None if ce is None else round(ce, 4),
+        "parallel": None if lb is None or ce is None else round(lb * ce, 4),
+    }
+
+
+def stragglers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks whose input pipeline holds the others up, slowest first."""
+    if len(rows) < 2:
+        return []
+    out = []
+    for r in rows:
+        others = [o for o in rows if o is not r]
+        base = statistics.median(o["wait_fraction"] for o in others)
+        excess = r["wait_fraction"] - base
+        if excess < STRAGGLER_MARGIN:
+            continue
+        comm = statistics.median(o["comm_fraction"] for o in others)
+        waits_on = [o["rank"] for o in others if o["comm_fraction"] >= r["comm_fraction"]]
+        stage = f": {r['stage']}" if r["stage"] else ""
+        message = f"rank {r['rank']} waits {r['wait_fraction']:.0%} for data{stage}"
+        message += (f" ({excess:.0%} of step time more than the other ranks' median)")
+        if waits_on and comm > r["comm_fraction"]:
+            which = "the other ranks" if len(waits_on) == len(others) else (
+                "rank" + ("s " if len(waits_on) > 1 else " ") + ", ".join(map(str, waits_on)))
+            message += f"; {which} wait on it in all-reduce ({comm:.0%} comm, median)"
+        out.append({
+            "rank": r["rank"], "host": r["host"], "stage": r["stage"],
+            "wait_fraction": r["wait_fraction"], "excess_wait_fraction": round(excess, 6),
+            "excess_wait_s": round(excess * r["wall_s"], 6), "others_comm_fraction": comm,
+            "message": message,
+        })  # fmt: skip
+    out.sort(key=lambda s: -s["excess_wait_fraction"])
+    return out
+
+
+def kept_up(rows: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """The job's samples/s if every rank's pipeline kept up (NOTE [ Job report ])."""
+    steps = [r for r in rows if r["steps"]]
+    if not steps or not now:
+        return {"samples_per_s": None, "speedup": None}
+    per = {r["rank"]: {k: r[f"{k}_s"] / r["steps"] for k in PARTS} for r in steps}
+    least_wait = min(p["wait"] for p in per.values())
+    least_comm = min(p["comm"] for p in per.values())
+    step = max(p["compute"] + p["transfer"] + p["overhead"] for p in per.values())
+    step += least_wait + least_comm
+    samples_per_step = sum(r["samples"] / r["steps"] for r in steps)
+    rate = samples_per_step / step if step else None
+    return {
+        "step_ms": round(step * 1e3, 6),
+        "samples_per_s": None if rate is None else round(rate, 3),
+        "speedup": None if rate is None else round(rate / now, 3),
+        "how": "every rank waits for data no longer than the least-waiting rank, and pays the "
+        "least comm any rank paid per step",
+    }
+
+
+def _notes(job: dict[str, Any]) -> list[str]:
+    notes = []
+    if job["missing_ranks"]:
+        names = ", ".join(map(str, job["missing_ranks"]))
+        notes.append(
+            f"rank{'s' if len(job['missing_ranks']) > 1 else ''} {names} of {job['world_size']} "
+            "missing: no file given (did it crash before writing?); the figures cover the "
+            "ranks present"
+        )
+    steps = {r["steps"] for r in job["ranks"]}
+    if len(steps) > 1:
+        notes.append(
+            f"the ranks ran different numbers of steps ({min(steps)} to {max(steps)}): a rank "
+            "stopped early (a crash, --batches) or the shards were uneven"
+        )
+    bad = [str(r["rank"]) for r in job["ranks"] if r["interrupted"]]
+    if bad:
+        notes.append(f"interrupted (partial) report from rank {', '.join(bad)}")
+    return notes
+
+
+def _headline(job: dict[str, Any]) -> str:
+    eff = job["efficiency"]
+    pe = eff["parallel"]
+    head = f"{len(job['ranks'])} of {job['world_size']} ranks"
+    if pe is not None:
+        head += f", parallel efficiency {pe:.0%}"
+    if job["stragglers"]:
+        return f"{head}: {job['stragglers'][0]['message']}"
+    if job["missing_ranks"]:
+        comm = max(r["comm_fraction"] for r in job["ranks"])
+        return (f"{head}: no straggler among the ranks present (up to {comm:.0%} comm: the one "
+                f"they wait on may be a missing rank, {', '.join(map(str, job['missing_ranks']))})")
+    return head + ": no rank's input pipeline holds the others up"

@@ -1,0 +1,176 @@
+"""Distributed jobs: the real torchrun, gloo on the CPU, DDP, a DistributedSampler and one rank
+with a known slower input pipeline (tests/scripts/ddp_train.py); and `merge` of real per-rank
+profiles, good and bad."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import pipeprof
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+DDP_TRAIN = str(SCRIPTS / "ddp_train.py")
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")  # fmt: skip
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k not in LAUNCH}
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e["COLUMNS"] = "120"
+    return e
+
+
+def torchrun(tmp: Path, port: int, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={port}", *args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env(), timeout=240)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
+    common = (DDP_TRAIN, "--slow-rank", "1", "--slow-ms", "4", "--collective")
+    plain = torchrun(tmp_path, 29731, *common, "--truth", "plain")
+    assert plain.returncode == 0, plain.stderr
+    ran = torchrun(tmp_path, 29732, "-m", "pipeprof", "run", "-o", "run.json", *common,
+                   "--truth", "truth")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    # every rank wrote its own file; only rank 0 printed its summary
+    assert (tmp_path / "run.rank0.json").exists() and (tmp_path / "run.rank1.json").exists()
+    assert not (tmp_path / "run.json").exists()
+    assert "rank 0 of 2" in ran.stderr and "rank 1 of 2" not in ran.stderr
+    assert "pipeprof merge" in ran.stderr
+    truth = {r: load(tmp_path / f"truth.rank{r}.json") for r in (0, 1)}
+    # timing DDP's all-reduce through a hook leaves training exactly as it was
+    for r in (0, 1):
+        assert truth[r]["weight_sum"] == load(tmp_path / f"plain.rank{r}.json")["weight_sum"]
+
+    merged = subprocess.run(
+        [sys.executable, "-m", "pipeprof", "merge", "run.rank0.json", "run.rank1.json",
+         "-o", "job.json"], capture_output=True, text=True, cwd=tmp_path, env=env(), timeout=60,
+    )  # fmt: skip
+    assert merged.returncode == 0, merged.stderr
+    job = load(tmp_path / "job.json")
+    assert [s["rank"] for s in job["stragglers"]] == [1]
+    assert job["stragglers"][0]["stage"] == "load"
+    assert "rank 1 waits" in job["headline"] and "wait on it in all-reduce" in job["headline"]
+    rank = {r["rank"]: r for r in job["ranks"]}
+    for r in (0, 1):  # the wait each rank's own loop measured around next(), plain code
+        seen = truth[r]["waited_s"] / truth[r]["loop_s"]
+        assert rank[r]["wait_fraction"] == pytest.approx(seen, abs=0.03), r
+    # rank 1's extra wait is the injected sleep (both ranks share the rest of the pipeline)
+    injected = truth[1]["injected_s"] / truth[1]["loop_s"]
+    extra = rank[1]["wait_fraction"] - rank[0]["wait_fraction"]
+    assert extra == pytest.approx(injected, abs=0.03)
+    # ... and rank 0 spent it waiting in the all-reduce: comm, not compute
+    assert rank[0]["comm_fraction"] == pytest.approx(extra, abs=0.06)
+    assert rank[1]["comm_fraction"] < 0.1
+    assert 0 < job["efficiency"]["parallel"] < 0.5 and job["what_if"]["speedup"] > 1.5
+    for r in (0, 1):
+        report = load(tmp_path / f"run.rank{r}.json")
+        assert report["meta"]["rank"]["rank"] == r and report["meta"]["rank"]["world_size"] == 2
+        assert report["meta"]["comm"]["hook"] == "allreduce_hook"
+        # each step: one DDP all-reduce and the script's explicit all_reduce, both Comm
+        assert report["loop"]["regions"]["Comm"]["count"] == 2 * report["loop"]["steps"]
+
+
+# ---- merge, from real profiles written in this process --------------------------------------
+
+
+def _rank_file(tmp: Path, monkeypatch, rank: int, world: int, wait_ms: float = 0.0,
+               port: str = "29500", name: str | None = None) -> Path:  # fmt: skip
+    for k in LAUNCH:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world,
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():  # fmt: skip
+        monkeypatch.setenv(k, str(v))
+
+    def batches():
+        for _ in range(8):
+            time.sleep(wait_ms / 1000)
+            yield torch.zeros(4, 2)
+
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(batches()):
+            with prof.region("Comm"):
+                time.sleep(0.002)
+            time.sleep(0.003)
+    return prof.report().save(tmp / (name or "run.json"))
+
+
+def test_merge_of_real_rank_files_and_a_missing_rank(tmp_path, monkeypatch):
+    files = [_rank_file(tmp_path, monkeypatch, r, 3, wait_ms=12.0 if r == 2 else 0.0)
+             for r in (0, 2)]  # fmt: skip
+    assert [f.name for f in files] == ["run.rank0.json", "run.rank2.json"]
+    job = pipeprof.merge(files)
+    assert job["missing_ranks"] == [1] and "rank 1 of 3 missing" in job["notes"][0]
+    assert [s["rank"] for s in job.stragglers] == [2]
+    # the Comm region is comm, not compute: POP's useful time leaves it out
+    r0 = job["ranks"][0]
+    assert r0["comm_fraction"] == pytest.approx(0.4, abs=0.15)
+    assert r0["compute_s"] < r0["wall_s"] * 0.75
+    eff = job["efficiency"]
+    assert eff["parallel"] == pytest.approx(eff["load_balance"] * eff["communication"], abs=1e-3)
+    assert "rank 2 waits" in job.render("text") and "<svg" in job.render("html")
+
+
+def test_merge_refuses_files_that_are_not_one_job(tmp_path, monkeypatch):
+    a = _rank_file(tmp_path, monkeypatch, 0, 2)
+    b = _rank_file(tmp_path, monkeypatch, 1, 2)
+    with pytest.raises(ValueError, match=r"rank 0 appears twice .*run.rank0.json"):
+        pipeprof.merge([a, a])
+    c = _rank_file(tmp_path, monkeypatch, 1, 4, name="big.json")
+    with pytest.raises(ValueError, match="different sizes"):
+        pipeprof.merge([a, c])
+    d = _rank_file(tmp_path, monkeypatch, 1, 2, port="29999", name="other.json")
+    with pytest.raises(ValueError, match="different jobs"):
+        pipeprof.merge([a, d])
+    late = pipeprof.load(b)
+    late.session.started_at += 3600  # the same job's command, run again an hour later
+    with pytest.raises(ValueError, match="different runs"):
+        pipeprof.merge([a, late])
+    for k in LAUNCH:
+        monkeypatch.delenv(k, raising=False)
+    out = subprocess.run([sys.executable, "-m", "pipeprof", "merge", str(a), str(a)],
+                         capture_output=True, text=True, env=env(), timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "rank 0 appears twice" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert pipeprof.merge([a, b])["missing_ranks"] == []
+
+
+def test_profiler_time_comm_times_ddp_all_reduce(tmp_path, monkeypatch):
+    for k in LAUNCH:
+        monkeypatch.delenv(k, raising=False)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        torch.manual_seed(0)
+        model = DDP(nn.Linear(8, 2))
+        prof = pipeprof.Profiler(sample_hz=0)
+        assert prof.time_comm(model) is model
+        with prof:
+            for x in prof.wrap([torch.ones(4, 8)] * 6):
+                model(x).sum().backward()
+        comm = prof.report()["meta"]["comm"]
+    finally:
+        dist.destroy_process_group()
+    assert comm["hook"] == "allreduce_hook" and comm["buckets"] == 6
+    assert model.module.weight.grad is not None
