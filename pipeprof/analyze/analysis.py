@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeprof.analyze.finding import Finding, pipeline_facts
+from pipeprof.analyze.hdf5 import h5_section
 from pipeprof.analyze.loop import loop_section, timeline
 from pipeprof.analyze.rules import RULES
 from pipeprof.analyze.scenarios import report_what_if
@@ -59,6 +60,8 @@ def _analyze(session: Session) -> dict[str, Any]:
             **report["gpu"],
             "idle_while_waiting_fraction": report["loop"]["idle_while_waiting_fraction"],
         }
+    if session.h5:  # h5py reads were timed (docs/hdf5.md)
+        report["hdf5"] = h5_section(session)
     report["timeline"] = timeline(session)
     report["verdict"], report["findings"], report["what_if"] = assess(report)
     return report

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeprof.analyze.compare import other_load
 from pipeprof.analyze.finding import Finding, finding
+from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor
 from pipeprof.analyze.scenarios import from_report, loop_rate, training_cores
 from pipeprof.analyze.tf_rules import TF_RULES
@@ -511,4 +512,5 @@ RULES: list[Rule] = [
     rule_pin_memory,
     rule_overhead,
     *TF_RULES,  # tf.data's terms (tf_rules.py); None for torch reports
+    *H5_RULES,  # h5py reads (hdf5.py); None without them
 ]

@@ -33,6 +33,11 @@ one thread is never subtracted from a stage of another.
 A record is ``start, self_ns`` under its path; a record of ``n`` items at once (a batched fetch,
 ``__getitems__``) goes under ``(path, n)``, its self time covering the ``n`` items.
 
+Beside the timings a sink may hold, under the key ``COUNTS``, a dict of aggregates a collector
+keeps per process (``counts(sink)``: h5py reads by dataset, collect/hdf5.py). They travel with
+the timings (``pack`` hands them over as ``payload["counts"]``) and are summed by the Session
+(``merge_counts`` in core/session.py), so they stay bounded and belong to the same iteration.
+
 NOTE [ Whose records ]
 Profiling is on while at least one profile runs in the process (``begin``/``end`` count them),
 and off again, with nothing kept, when the last one ends. Records go to a *sink*: while a profiled
@@ -51,11 +56,20 @@ import struct
 import threading
 import time
 from array import array
-from typing import Any
+from typing import Any, cast
 
 from pipeprof.core.stats import Stat
 
 clock = time.perf_counter_ns
+COUNTS = "\x00counts"  # the key of a collector's aggregates in a sink (see the module's doc)
+
+
+def counts(sink: dict[Any, list[int]]) -> dict[str, Any]:
+    """The aggregates kept in ``sink`` beside its timings (created empty on first use)."""
+    found = sink.get(COUNTS)
+    if found is None:
+        found = sink[COUNTS] = cast("list[int]", {})
+    return cast("dict[str, Any]", found)
 
 
 class _State:
@@ -218,6 +232,7 @@ def pack(sink: dict[Any, list[int]], track: str, pid: int) -> dict[str, Any]:
     packed: dict[Any, bytes] = {}
     first: int | None = None
     events = 0
+    extra = cast("dict[str, Any] | None", sink.pop(COUNTS, None))  # travels as it is
     for key, flat in list(sink.items()):
         if not flat:
             continue
@@ -233,7 +248,10 @@ def pack(sink: dict[Any, list[int]], track: str, pid: int) -> dict[str, Any]:
         lo = flat[0]  # one thread's records of a key close in the order they start
         first = lo if first is None or lo < first else first
         events += k
-    return {"raw": packed, "track": track, "pid": pid, "first_ns": first, "events": events // 2}
+    out = {"raw": packed, "track": track, "pid": pid, "first_ns": first, "events": events // 2}
+    if extra:
+        out["counts"] = extra
+    return out
 
 
 def aggregate(packed: list[tuple[bytes, int]]) -> tuple[Stat, Any, Any]:

@@ -174,6 +174,9 @@ class Session:
     host: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    # h5py reads by dataset ("file:/name"), summed over every process (collect/hdf5.py):
+    # {"layout": {...}, counters..., "extent_sum": [...]}; see ``merge_counts``
+    h5: dict[str, dict[str, Any]] = field(default_factory=dict)
     _pending: deque[dict[str, Any]] = field(default_factory=deque, repr=False, compare=False)
     # records queued (written by the thread that merges) and folded (under ``_lock``): two
     # counters, each with one writer, so no update is lost between the threads
@@ -233,6 +236,10 @@ class Session:
                 by_path[track, path].append((packed, n))
         with self._counts:
             self.events += sum(payload["events"] for payload in payloads)
+        for payload in payloads:
+            extra = payload.get("counts")
+            if extra and "h5" in extra:
+                merge_counts(self.h5, extra["h5"])
         fold: list[tuple[str, str, Any, Any]] = []
         for (track, path), packed in by_path.items():
             stat, starts, durs = aggregate(packed)
@@ -382,6 +389,7 @@ class Session:
             "host": self.host,
             "notes": self.notes,
             "interrupted": self.interrupted,
+            "h5": self.h5,
         }
 
     @classmethod
@@ -439,6 +447,7 @@ class Session:
             host=get("host", _is_dict_or_none, "an object or null", None),
             notes=list(get("notes", _is_strings, "a list of strings", [])),
             interrupted=get("interrupted", lambda v: isinstance(v, bool), "true or false", False),
+            h5=get("h5", _is_h5, "an object of objects", {}),
         )
         stages = get("stages", _is_dict, "an object", {})
         for track, paths in stages.items():
@@ -458,6 +467,30 @@ class Session:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the session as JSON (atomically: a crash never leaves half a file)."""
         return write_atomic(path, json.dumps({"session": self.to_dict()}))
+
+
+def merge_counts(into: dict[str, Any], add: dict[str, Any]) -> None:
+    """Fold the aggregates ``add`` into ``into``, key by key: numbers add, lists of numbers add
+    element by element, dicts merge the same way, except ``layout``: facts that do not change
+    (a dataset's chunk shape), kept as first seen. ``add`` is not changed."""
+    for key, value in add.items():
+        have = into.get(key)
+        if have is None:
+            into[key] = _copied(value)
+        elif key == "layout":
+            continue
+        elif isinstance(value, dict) and isinstance(have, dict):
+            merge_counts(have, value)
+        elif isinstance(value, list) and isinstance(have, list) and len(value) == len(have):
+            into[key] = [a + b for a, b in zip(have, value)]
+        elif _is_number(value) and _is_number(have):
+            into[key] = have + value
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return list(value) if isinstance(value, list) else value
 
 
 def _start(span: tuple[str, str, int, int]) -> int:
@@ -568,6 +601,10 @@ def _is_list(v: Any) -> bool:
 
 def _is_str(v: Any) -> bool:
     return isinstance(v, str)
+
+
+def _is_h5(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, dict) for x in v.values())
 
 
 def _is_strings(v: Any) -> bool:

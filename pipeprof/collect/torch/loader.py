@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from pipeprof.collect import hdf5
 from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.core.batch import batch_nbytes, batch_size, samples_to_collate
 from pipeprof.core.recorder import clock, recorder, timed_call1
@@ -190,15 +191,24 @@ _CPU_MARK = [0]
 
 
 class WorkerInit:
-    """Readies a worker's recorder, then runs the user's ``worker_init_fn``."""
+    """Readies a worker's recorder, then runs the user's ``worker_init_fn``. With ``h5`` (the
+    main process had imported h5py) h5py reads are timed in the worker too (NOTE [ Timing h5py
+    reads ] in collect/hdf5.py)."""
 
-    def __init__(self, fn: Callable[[int], Any] | None) -> None:
+    def __init__(self, fn: Callable[[int], Any] | None, h5: bool = False) -> None:
         self.fn = fn
+        self.h5 = h5
 
     def __call__(self, worker_id: int) -> None:
         rec = recorder()
         rec.reset(f"worker{worker_id}")
         rec.enabled = True
+        if self.h5:
+            try:
+                import h5py  # noqa: F401  (a spawned worker may not have imported it yet)
+            except ImportError:
+                pass
+            hdf5.install()  # for the worker's life: the process is the profiled loader's own
         if self.fn is not None:
             self.fn(worker_id)
         _CPU_MARK[0] = time.process_time_ns()
@@ -239,7 +249,7 @@ def build_loader(loader: DataLoader) -> tuple[DataLoader, list[str]]:
         kwargs.pop("persistent_workers", None)
     per_sample = loader.batch_size is None and loader.batch_sampler is None
     kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample)
-    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn)
+    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn, "h5py" in sys.modules)
     return DataLoader(wrapped, **kwargs), notes
 
 
@@ -323,10 +333,13 @@ class ProfiledLoader:
             self.loader = build_loader(self.user_loader)[0]
             self.session.add_cost("setup_ns", clock() - t0)
         self.passes += 1
+        self._check_fork()
         rec = recorder()
         mine, first_profile = rec.begin()
         self._sinks = (mine, first_profile)
+        h5 = False
         try:
+            h5 = hdf5.install()  # reads in this process (num_workers=0) are timed while it runs
             t_iter = clock()
             before = rec.enter(mine)
             try:
@@ -371,6 +384,26 @@ class ProfiledLoader:
                 self.session.notes.append(f"pipeprof: the end of this pass failed too ({exc!r})")
             finally:
                 rec.end()
+                if h5:
+                    hdf5.uninstall()
+
+    def _check_fork(self) -> None:
+        """h5py handles the workers about to fork would inherit (docs/hdf5.md): in meta."""
+        if self.opaque or not self.loader.num_workers or "h5py" not in sys.modules:
+            return
+        if self.session.meta.get("multiprocessing_context") != "fork":
+            return  # spawn and forkserver pickle the dataset, which h5py refuses: no hazard
+        t0 = clock()
+        try:
+            handles = hdf5.inherited_handles(self.user_loader.dataset)
+        except Exception as exc:  # an object that breaks the walk: say so, profile on
+            self.session.notes.append(f"pipeprof: h5py handles not checked ({exc!r})")
+            handles = []
+        found = self.session.meta.setdefault("h5_inherited", [])
+        for handle in handles:
+            if handle not in found:
+                found.append(handle)
+        self.session.add_cost("setup_ns", clock() - t0)
 
     def _merge_main(self, rec: Any) -> None:
         """The main process's records: this iteration's own and, for the first profile running,
@@ -378,7 +411,7 @@ class ProfiledLoader:
         mine, first_profile = self._sinks
         for sink in (mine, rec.raw) if first_profile else (mine,):
             payload = rec.drain(sink)
-            if payload["events"]:
+            if payload["events"] or "counts" in payload:
                 self.session.merge(payload)
 
     def flush(self) -> None:
