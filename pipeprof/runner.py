@@ -14,7 +14,7 @@ it never pays for it) and then patches public seams of its classes:
   training loader's. Iterations pipeprof makes itself (the twin, a loader the script wraps in its
   own ``pipeprof.Profiler``) pass through unpatched;
 - the optimizer's step (torch's global step hooks), ``Tensor.backward`` and the outermost
-  ``Module`` call (global forward hooks) become the ``Optimizer``, ``Backward`` and ``Forward``
+  ``Module`` call (``Module.__call__``) become the ``Optimizer``, ``Backward`` and ``Forward``
   regions of the step of the pass that handed out the last batch.
 
 A pass of one loader that runs inside a step of another (validation every N training steps) is
@@ -113,9 +113,8 @@ class Run:
         self._undo: list[Any] = []
         self._samplers: list[Any] = []
         self._nvml_started = False
-        self._depth = 0  # Module calls open (Forward is the outermost)
+        self._depth = 0  # 1 while the outermost Module call runs (the Forward region)
         self._user_profiler = False
-        self._compiling: Any = lambda: False
         self.written = False  # the outputs are out (pipeprof run's CLI)
         self.on_stop: Any = None  # called when --batches ends profiling
 
@@ -180,15 +179,35 @@ class Run:
 
         DataLoader.__init__ = __init__  # type: ignore[method-assign,assignment]
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
+        module_call = nn_module.Module.__call__
+        compiling = torch.compiler.is_compiling
+
+        # Forward: the outermost Module call. A wrapper on Module.__call__ costs an inner call
+        # about half a microsecond; torch's global forward hooks cost 7 (they take every call
+        # off torch's fast path) and about 11 with the work a hook does (benchmarks/run_cost.py).
+        @functools.wraps(module_call)
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if run._depth or compiling():  # inside another Module, or traced by torch.compile
+                return module_call(module, *args, **kwargs)
+            timer = run._timer()
+            if timer is None:
+                return module_call(module, *args, **kwargs)
+            run.seen.add("Forward")
+            run._depth = 1
+            timer.start("Forward")
+            try:
+                return module_call(module, *args, **kwargs)
+            finally:
+                run._depth = 0
+                timer.end("Forward")
+
         handles = []
         if self.regions:
             torch.Tensor.backward = tensor_backward  # type: ignore[method-assign,assignment]
-            self._compiling = torch.compiler.is_compiling
+            nn_module.Module.__call__ = __call__  # type: ignore[method-assign]
             handles += [
                 optim.register_optimizer_step_pre_hook(lambda *a: self._open("Optimizer")),
                 optim.register_optimizer_step_post_hook(lambda *a: self._close("Optimizer")),
-                nn_module.register_module_forward_pre_hook(self._forward_pre),
-                nn_module.register_module_forward_hook(self._forward_post, always_call=True),
             ]
 
         if self.regions and torch.distributed.is_available():
@@ -198,6 +217,7 @@ class Run:
             DataLoader.__init__ = orig_init  # type: ignore[method-assign,assignment]
             DataLoader.__iter__ = orig_iter  # type: ignore[method-assign,assignment]
             torch.Tensor.backward = backward  # type: ignore[method-assign,assignment]
+            nn_module.Module.__call__ = module_call  # type: ignore[method-assign]
             for h in handles:
                 h.remove()
 
@@ -373,20 +393,6 @@ class Run:
                 timer.end(key)
             except ValueError:  # opened before the pass began: nothing to close
                 pass
-
-    def _forward_pre(self, module: Any, args: Any) -> None:
-        if self._compiling():  # torch.compile traces the model: no Python timing in its graph
-            return
-        self._depth += 1
-        if self._depth == 1:
-            self._open("Forward")
-
-    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        if self._compiling():
-            return
-        self._depth = max(0, self._depth - 1)
-        if self._depth == 0:
-            self._close("Forward")
 
     # ---- loaders --------------------------------------------------------------------------
 
