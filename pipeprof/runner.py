@@ -17,6 +17,11 @@ it never pays for it) and then patches public seams of its classes:
   ``Module`` call (``Module.__call__``) become the ``Optimizer``, ``Backward`` and ``Forward``
   regions of the step of the pass that handed out the last batch.
 
+A new loader made where an earlier one was (a loader per epoch) continues that loader's loop.
+When ``tensorflow`` is imported, ``tf.data.Dataset.__iter__`` (eager iteration in a Python loop)
+is patched the same way, labelled by the line that iterates it, and Keras' ``Model.fit`` gets
+pipeprof's Keras callback added to its callbacks.
+
 A pass of one loader that runs inside a step of another (validation every N training steps) is
 a non-compute region of that step, named after the loader. Two loaders advanced in turn (``zip``)
 are each profiled, with a note: each one's compute then holds the other's wait.
