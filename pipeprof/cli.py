@@ -395,9 +395,8 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool) -> None:
     err = Console(stderr=True, soft_wrap=True)
     if not reports:
         err.print(
-            "pipeprof: the script iterated no torch DataLoader, so there is nothing to report "
-            "(pipeprof run sees torch DataLoaders; for tf.data use pipeprof.profile or the Keras "
-            "callback, docs/tfdata.md)",
+            "pipeprof: the script iterated no torch DataLoader or tf.data dataset and ran no "
+            "Keras fit(), so there is nothing to report (what pipeprof run sees: docs/run.md)",
             markup=False, highlight=False,
         )  # fmt: skip
         for note in run.notes:

@@ -109,7 +109,7 @@ def test_exit_code_and_a_script_without_loaders(tmp_path):
     ran = pipeprof_run(tmp_path, str(SCRIPTS / "nodata.py"))
     assert ran.returncode == 3
     assert ran.stdout == "no loaders here\n"
-    assert "iterated no torch DataLoader" in ran.stderr
+    assert "iterated no torch DataLoader or tf.data dataset" in ran.stderr
     assert not (tmp_path / "run.json").exists()
     ran = pipeprof_run(tmp_path, TRAIN, "--exit", "4", "--samples", "32")
     assert ran.returncode == 4 and (tmp_path / "run.json").exists()
@@ -179,7 +179,7 @@ def test_a_script_with_its_own_profiler_is_not_counted_twice(tmp_path):
     own = load(tmp_path / "own.json")
     assert own["loop"]["steps"] == 4
     # the loader the script profiles itself is left to its Profiler: nothing to report here
-    assert "iterated no torch DataLoader" in ran.stderr
+    assert "iterated no torch DataLoader or tf.data dataset" in ran.stderr
     assert "runs its own pipeprof.Profiler" in ran.stderr
 
 
