@@ -127,11 +127,13 @@ class Run:
 
     def install(self) -> None:
         """The import hook (and the patches at once if torch is already imported)."""
-        for name, patch in (("torch", self._patch_torch), ("tensorflow", self._patch_tf)):
+        patches = (("torch", self._patch_torch), ("tensorflow", self._patch_tf),
+                   ("keras", self._patch_keras))  # fmt: skip
+        for name, patch in patches:
             if name in sys.modules:
                 patch()
             else:
-                hook = _AfterImport(name, patch)
+                hook = _AfterImport(name, patch, self.notes)
                 sys.meta_path.insert(0, hook)
                 self._undo.append(functools.partial(_remove_hook, hook))
         self._wrap_profiler_start()
@@ -251,10 +253,12 @@ class Run:
 
         dataset_cls.__iter__ = __iter__
         self._undo.append(lambda: setattr(dataset_cls, "__iter__", orig_iter))
-        try:
-            import keras
-        except ImportError:  # pragma: no cover - tf.keras only
-            return
+
+    def _patch_keras(self) -> None:
+        """Keras ``fit()`` gets pipeprof's callback (keras imports tensorflow: its own hook)."""
+        import keras
+
+        run = self
         model_cls = keras.Model
         orig_fit = model_cls.fit
 
@@ -630,9 +634,10 @@ def _weakable(obj: Any) -> bool:
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Calls ``then()`` once the module ``name`` has been imported (an import hook)."""
 
-    def __init__(self, name: str, then: Any) -> None:
+    def __init__(self, name: str, then: Any, notes: list[str]) -> None:
         self.name = name
         self.then = then
+        self.notes = notes  # where a patch that failed is said
         self._busy = False
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
@@ -651,7 +656,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             exec_module(module)
             if hook in sys.meta_path:
                 sys.meta_path.remove(hook)
-            hook.then()
+            try:
+                hook.then()
+            except Exception as exc:  # never the script's problem: it runs on, unprofiled there
+                hook.notes.append(
+                    f"pipeprof could not hook into {hook.name} ({type(exc).__name__}: {exc}): "
+                    "what it runs was not profiled"
+                )
 
         spec.loader.exec_module = exec_then  # type: ignore[method-assign,assignment]
         return spec

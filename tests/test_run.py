@@ -224,3 +224,11 @@ def test_tf_data_in_a_loop_and_keras_fit(tmp_path):
     assert loop["loop"]["steps"] == 8 and loop["loop"]["epochs"] == 1
     assert loop["stages"]["transform/slow"]["mean_ms"] == pytest.approx(2.0, rel=0.25)
     assert loop["loop"]["wait_fraction"] > 0.9  # the loop does nothing but wait
+
+
+def test_keras_imported_before_tensorflow(tmp_path):
+    """keras imports tensorflow while it is being imported itself: each gets its own hook."""
+    ran = pipeprof_run(tmp_path, str(SCRIPTS / "keras_first.py"))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout == "fitted\n"
+    assert load(tmp_path / "run.json")["meta"]["run_loader"]["label"] == "fit@keras_first.py:11"
