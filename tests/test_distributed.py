@@ -74,7 +74,8 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     rank = {r["rank"]: r for r in job["ranks"]}
     for r in (0, 1):  # the wait each rank's own loop measured around next(), plain code
         seen = truth[r]["waited_s"] / truth[r]["loop_s"]
-        assert rank[r]["wait_fraction"] == pytest.approx(seen, abs=0.03), r
+        # two clocks around one wait; a neighbour's burst on this shared VM moves one more
+        assert rank[r]["wait_fraction"] == pytest.approx(seen, abs=0.04), r
     # rank 1's extra wait is the injected sleep (both ranks share the rest of the pipeline)
     injected = truth[1]["injected_s"] / truth[1]["loop_s"]
     extra = rank[1]["wait_fraction"] - rank[0]["wait_fraction"]
