@@ -211,6 +211,7 @@ def test_bad_input(tmp_path):
     assert ran.returncode == 2 and "--batches" in ran.stderr
 
 
+@pytest.mark.timing
 def test_tf_data_in_a_loop_and_keras_fit(tmp_path):
     ran = pipeprof_run(tmp_path, str(SCRIPTS / "keras_fit.py"), "128")
     ref = plain(tmp_path, str(SCRIPTS / "keras_fit.py"), "128")
@@ -222,7 +223,8 @@ def test_tf_data_in_a_loop_and_keras_fit(tmp_path):
     assert "transform/slow" in fit["stages"]
     loop = load(tmp_path / "run.tf_data_keras_fit_py_25.json")
     assert loop["loop"]["steps"] == 8 and loop["loop"]["epochs"] == 1
-    assert loop["stages"]["transform/slow"]["mean_ms"] == pytest.approx(2.0, rel=0.25)
+    # the map sleeps 2 ms a sample: at least that, and a loaded VM's sleeps overshoot
+    assert 1.9 <= loop["stages"]["transform/slow"]["mean_ms"] <= 3.5
     assert loop["loop"]["wait_fraction"] > 0.9  # the loop does nothing but wait
 
 
