@@ -428,5 +428,7 @@ def test_a_keras_utility_map_is_never_asked_to_batch_first(tmp_path):
     data = pipeprof.profile(ds).to_dict()
     decode = data["stages"]["load/decode"]  # what would earn tf-vectorise were it the user's
     pipeline_s = sum(r["total_s"] for p, r in data["stages"].items() if "/" not in p)
-    assert decode["mean_ms"] < 0.2 and decode["total_s"] / pipeline_s >= 0.2
     assert "tf-vectorise" not in {f["id"] for f in data["findings"]}
+    assert decode["total_s"] / pipeline_s >= 0.2
+    if decode["mean_ms"] >= 0.2:  # a loaded host made the map too slow to be "cheap"
+        pytest.skip(f"load/decode took {decode['mean_ms']:.2f} ms: not the cheap-map case")
