@@ -6,6 +6,7 @@ and in Jupyter the same way as ``Bench`` and ``TFBench``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Iterable
@@ -89,9 +90,11 @@ class Report(Result):
         )
 
 
-class Comparison(Result):
-    """Two profiles side by side (schema ``pipeprof-compare/1``; analyze/compare.py says what
-    each figure means); shows itself in a terminal and in Jupyter like a Report."""
+class _Rendered(Result):
+    """A result held as a plain dict and drawn by one renderer module (``_renderer``, which has
+    ``render(data, fmt)`` and ``summary(data)``): Comparison, Job."""
+
+    _renderer = ""
 
     def __init__(self, data: dict[str, Any]) -> None:
         self._data = data
@@ -101,17 +104,20 @@ class Comparison(Result):
 
     def render(self, fmt: str = "text", **options: Any) -> str:
         """``text`` (80 columns), ``json`` or ``html``."""
-        from pipeprof.render.comparison import render
-
-        return render(self._data, fmt, **options)
+        return importlib.import_module(self._renderer).render(self._data, fmt, **options)  # type: ignore[no-any-return]
 
     def _renderables(self) -> Iterable[Any]:
-        from pipeprof.render.comparison import summary
-
-        return summary(self._data)
+        return importlib.import_module(self._renderer).summary(self._data)  # type: ignore[no-any-return]
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {"text/html": self._repr_html_(), "text/plain": self.render("text")}
+
+
+class Comparison(_Rendered):
+    """Two profiles side by side (schema ``pipeprof-compare/1``; analyze/compare.py says what
+    each figure means); shows itself in a terminal and in Jupyter like a Report."""
+
+    _renderer = "pipeprof.render.comparison"
 
     def __repr__(self) -> str:
         v = self._data["verdict"]
@@ -176,35 +182,17 @@ def _comparable(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return data
 
 
-class Job(Result):
+class Job(_Rendered):
     """One report for a distributed job, from its ranks' reports (schema ``pipeprof-job/1``;
     NOTE [ Job report ] in analyze/job.py): per-rank wait / transfer / compute / comm / other
     and samples/s, the straggler ranks and their slow stage, POP efficiencies and the rate if
     every rank's pipeline kept up. Shows itself like a Report."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
-        self._data = data
-
-    def _data_dict(self) -> dict[str, Any]:
-        return self._data
+    _renderer = "pipeprof.render.job"
 
     @property
     def stragglers(self) -> list[dict[str, Any]]:
         return [dict(s) for s in self._data["stragglers"]]
-
-    def render(self, fmt: str = "text", **options: Any) -> str:
-        """``text``, ``json`` or ``html``."""
-        from pipeprof.render.job import render
-
-        return render(self._data, fmt, **options)
-
-    def _renderables(self) -> Iterable[Any]:
-        from pipeprof.render.job import summary
-
-        return summary(self._data)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {"text/html": self._repr_html_(), "text/plain": self.render("text")}
 
     def __repr__(self) -> str:
         return f"<pipeprof.Job {self._data['headline']}>"
