@@ -265,13 +265,14 @@ class Profiler:
         gpu_start: Any = None
         try:
             while True:
-                t_req = clock()
-                if handed:
+                if handed:  # the step's compute ends; pipeprof's bookkeeping is in no part
+                    t_end = clock()
                     self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                     gpu_start = self._gpu_mark(gpu_start, end=True)
                     if self._comm is not None:
-                        self._comm.fold(log, handed, t_req)
-                    log.end(handed, t_req)
+                        self._comm.fold(log, handed, t_end)
+                    log.end(handed, t_end)
+                t_req = clock()
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
                 try:
