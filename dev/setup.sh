@@ -10,11 +10,11 @@ PY=${PYTHON:-python3}
 pip() { .venv/bin/python -m pip "$@"; }
 
 if ! .venv/bin/python -c "import torch, torchvision" >/dev/null 2>&1; then
-  # torchvision from PyPI is built against PyPI's torch. Some machines (ours) add a local index
-  # holding a +cpu torch build that pip prefers and that torchvision cannot load against, so this
-  # one step reads PyPI alone. pip's cache makes it fast after the first time.
+  # A matched pair: torchvision's compiled ops load only against the torch it was built with.
+  # Some machines (ours) hold this pair in a local index, so nothing is downloaded there; a plain
+  # torch build that pip might prefer (a +cpu wheel in a local folder) fails torchvision's import.
   echo "installing torch and torchvision (first time: a few minutes) ..."
-  PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= pip install -q torch==2.13.0 torchvision==0.28.0
+  pip install -q torch==2.14.1 torchvision==0.29.1
 fi
 pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import pipeprof, torchvision" || { echo "setup failed"; exit 1; }
