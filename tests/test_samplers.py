@@ -362,6 +362,7 @@ def test_host_sampler_measures_main_and_late_child(
     assert max(c for c in d["timeline"]["children_cpu"] if c is not None) > 15
     assert d["cpu_count"] == psutil.cpu_count() and 0 < d["cpu_util_mean"] <= 100
     assert d["rss_max_mb"] >= main["rss_max_mb"] and d["iowait_mean"] is not None
+    assert d["steal_mean"] is not None and 0 <= d["steal_mean"] <= d["cpu_util_mean"]
     assert d["lateness"]["count"] == len(d["timeline"]["t_ns"]) >= 20
     assert d["errors"] == 0
     json.dumps(d)
@@ -493,11 +494,12 @@ def test_procfs_readings_agree_with_psutil() -> None:
         cores = src.core_times()
         assert len(cores) == len(per_core) and src.has_iowait
         tick = os.sysconf("SC_CLK_TCK")
-        for (busy, total, iowait), times in zip(cores, per_core, strict=True):
+        for (busy, total, iowait, steal), times in zip(cores, per_core, strict=True):
             p_busy, p_total = host_module._busy_total(times)
             assert busy / tick == pytest.approx(p_busy, abs=0.2)
             assert total / tick == pytest.approx(p_total, abs=0.5)
             assert iowait / tick == pytest.approx(times.iowait, abs=0.2)
+            assert steal / tick == pytest.approx(times.steal, abs=0.2)
         disk = psutil.disk_io_counters()
         read_bytes = src.disk_read_bytes()
         if disk is None:

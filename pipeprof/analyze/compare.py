@@ -140,14 +140,20 @@ def _verdict(v: dict[str, Any]) -> dict[str, Any]:
 
 def other_load(data: dict[str, Any]) -> dict[str, Any] | None:
     """What other processes did to the machine during a run: ``other_cores``, the CPU (in
-    cores) that the host sampler saw used beyond the profiled processes, and ``cpu_count``;
-    None when the host was not sampled."""
+    cores) that the host sampler saw used beyond the profiled processes, ``stolen_cores``, the
+    part of it a hypervisor gave to other machines (steal; None where not read), and
+    ``cpu_count``; None when the host was not sampled."""
     host = data.get("host") or {}
     util, cores = host.get("cpu_util_mean"), host.get("cpu_count")
     if util is None or not cores:
         return None
     ours = sum(p.get("cpu_mean") or 0.0 for p in host.get("per_process") or []) / 100
-    return {"other_cores": round(max(0.0, util / 100 * cores - ours), 3), "cpu_count": cores}
+    steal = host.get("steal_mean")
+    return {
+        "other_cores": round(max(0.0, util / 100 * cores - ours), 3),
+        "stolen_cores": None if steal is None else round(steal / 100 * cores, 3),
+        "cpu_count": cores,
+    }
 
 
 def machine(b: dict[str, Any], a: dict[str, Any], labels: tuple[str, str]) -> dict[str, Any]:
@@ -165,9 +171,18 @@ def machine(b: dict[str, Any], a: dict[str, Any], labels: tuple[str, str]) -> di
         out["note"] = (
             f"the machine was busier during {busier}: other processes used "
             f"{lb['other_cores']:.1f} of {cores} cores in {labels[0]}, {la['other_cores']:.1f} in "
-            f"{labels[1]}; changes in time may be the machine's, so none is called better or worse"
+            f"{labels[1]}{_stolen(lb, la)}; changes in time may be the machine's, so none is "
+            "called better or worse"
         )
     return out
+
+
+def _stolen(lb: dict[str, Any], la: dict[str, Any]) -> str:
+    """ " (the hypervisor's steal: X and Y)" where both runs read it and either was >= 0.05."""
+    sb, sa = lb.get("stolen_cores"), la.get("stolen_cores")
+    if sb is None or sa is None or max(sb, sa) < 0.05:
+        return ""
+    return f" (of which the hypervisor took {sb:.2f} and {sa:.2f} cores: steal)"
 
 
 def _confound(data: dict[str, Any]) -> None:

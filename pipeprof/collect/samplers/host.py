@@ -54,7 +54,7 @@ DISCOVERY_SHARE = 0.002  # children look-ups take at most this share of a core: 
 DISCOVERY_BURST_NS = 2_000_000  # ... beyond which they may spend this much CPU at once
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own
 Role = Literal["main", "child"]
-CoreTimes = list[tuple[float, float, float]]  # per core: busy, total, iowait (any one unit)
+CoreTimes = list[tuple[float, float, float, float]]  # per core: busy, total, iowait, steal
 Reading = tuple[float, float, float]  # a process's start time (identity), CPU seconds, RSS bytes
 
 
@@ -108,7 +108,8 @@ class _Psutil:
         out = []
         for times in self.psutil.cpu_times(percpu=True):
             busy, total = _busy_total(times)
-            out.append((busy, total, float(getattr(times, "iowait", 0.0))))
+            iowait, steal = getattr(times, "iowait", 0.0), getattr(times, "steal", 0.0)
+            out.append((busy, total, float(iowait), float(steal)))
         return out
 
     def disk_read_bytes(self) -> Value:
@@ -212,7 +213,8 @@ class _Procfs(_Psutil):
             v = [int(x) for x in line[1:]]
             total = sum(v) - sum(v[8:10])
             iowait = v[4] if len(v) > 4 else 0
-            out.append((float(total - v[3] - iowait), float(total), float(iowait)))
+            steal = v[7] if len(v) > 7 else 0
+            out.append((float(total - v[3] - iowait), float(total), float(iowait), float(steal)))
         return out
 
     def disk_read_bytes(self) -> Value:
@@ -316,6 +318,7 @@ class HostSampler(Sampler):
         self.cpu = TimeWeighted()
         self.saturated = TimeWeighted()
         self.iowait = TimeWeighted()
+        self.steal = TimeWeighted()  # % of all CPU time the hypervisor gave to other machines
         self.disk = TimeWeighted()
         self.rss_max_mb: float | None = None
         self._ring: deque[tuple[int, Value, Value, float, Value, Value, Value, float]] = deque(
@@ -337,7 +340,8 @@ class HostSampler(Sampler):
         self._last_disk = self._src.disk_read_bytes()
         self._last_t = now_ns
         self._reading(self._pid)  # primes the main process's CPU
-        for agg in (self.cpu, self.saturated, self.iowait, self.disk, self._procs[self._pid].cpu):
+        main = self._procs[self._pid].cpu
+        for agg in (self.cpu, self.saturated, self.iowait, self.steal, self.disk, main):
             agg.begin(now_ns)
         self._credit_t = time.monotonic_ns()
         self._maybe_look_up(force=True)
@@ -424,7 +428,7 @@ class HostSampler(Sampler):
     def _sample(self, now_ns: int) -> None:
         if not self.available or self._src is None:
             return
-        cpu, iowait, saturated = self._cpu()
+        cpu, iowait, saturated, steal = self._cpu()
         main = self._reading(self._pid)
         main_cpu, main_rss = main if main is not None else (NA, NA)
         self._record_proc(now_ns, self._pid, main_cpu, main_rss)
@@ -452,6 +456,7 @@ class HostSampler(Sampler):
         for agg, value in (
             (self.cpu, cpu),
             (self.iowait, iowait),
+            (self.steal, steal),
             (self.disk, disk),
             (self.saturated, saturated),
         ):
@@ -459,8 +464,9 @@ class HostSampler(Sampler):
         self.rss_max_mb = rss if self.rss_max_mb is None else max(self.rss_max_mb, rss)
         self._ring.append((now_ns, cpu, main_cpu, children_cpu, iowait, disk, saturated, rss))
 
-    def _cpu(self) -> tuple[Value, Value, Value]:
-        """System busy %, iowait % and saturated-core count since the previous sample."""
+    def _cpu(self) -> tuple[Value, Value, Value, Value]:
+        """System busy %, iowait %, saturated-core count and steal % since the previous sample.
+        Stolen time counts as busy (a core the hypervisor gave away is a core this run lost)."""
         assert self._src is not None
         times = self._src.core_times()
         deltas = [
@@ -471,10 +477,11 @@ class HostSampler(Sampler):
         busy = sum(d[0] for d in deltas)
         total = sum(d[1] for d in deltas)
         if total <= 0:  # no clock tick since the previous sample
-            return NA, NA, NA
+            return NA, NA, NA, NA
         saturated = sum(1 for d in deltas if d[1] > 0 and 100.0 * d[0] / d[1] >= SATURATED_PCT)
         iowait: Value = 100.0 * sum(d[2] for d in deltas) / total if self._has_iowait else NA
-        return 100.0 * busy / total, iowait, float(saturated)
+        steal = 100.0 * sum(d[3] for d in deltas) / total
+        return 100.0 * busy / total, iowait, float(saturated), steal
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: system CPU, saturated cores, iowait, disk, RSS, ``per_process``
@@ -509,6 +516,7 @@ class HostSampler(Sampler):
             "cpu_util_max": self.cpu.max,
             "saturated_cores_mean": self.saturated.mean,
             "iowait_mean": self.iowait.mean,
+            "steal_mean": self.steal.mean,
             "disk_read_mb_s_mean": self.disk.mean,
             "rss_max_mb": self.rss_max_mb,
             "per_process": procs,
