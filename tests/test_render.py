@@ -199,7 +199,11 @@ def expected_text(d: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for f in d["findings"]:
         phrases += [f["message"], f"fix: {f['fix']}"]
     o = d["overhead"]
-    phrases.append(f"timed regions at {num(o['per_event_ns'])} ns")
+    if o["in_situ_ns"] is not None:
+        phrases.append(f"timed regions at {num(o['in_situ_ns'])} ns in situ")
+        phrases.append(f"packing records {num(o['pack_s'] * 1e3)} ms")
+    else:
+        phrases.append(f"timed regions at {num(o['per_event_ns'])} ns")
     phrases.append(f"{o['events']:,} timed regions")
     return phrases, rows
 

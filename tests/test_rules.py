@@ -588,9 +588,10 @@ def test_profiler_overhead_from_many_empty_stages(tmp_path):
     # (this machine is shared) does not count as pipeprof's time
     ticks = truth(str(tmp_path))["ticks"]
     true_s = statistics.median(ticks) * len(ticks) / 1e9
-    # a stage() in situ costs up to 3x the calibrated region on a loaded host (seen: 2.4 µs
-    # against 0.8; the self-report is not yet within 1.5x, issue 11: docs/overhead.md)
-    assert 0.3 * true_s <= over["estimated_s"] <= 2.0 * true_s
+    # the regions are costed by the in-situ probe (NOTE [ In-situ region cost ]): one empty
+    # region after each batch's samples, colder than these back-to-back ticks, so it may state
+    # more than they cost (seen 1.06-2.1x on a loaded host; the warm calibration gave 0.3x)
+    assert 0.5 * true_s <= over["estimated_s"] <= 3.0 * true_s
     # the share of the CPU the run used (main process: num_workers=0): the empty stages are most
     # of what it did, so the share is large, and at most all of it
     assert over["basis"] == "cpu"

@@ -161,15 +161,28 @@ def _steady_window(session: Session) -> tuple[int | None, int, int]:
     return (first[2], first[4], session.end_ns) if first is not None else (None, 0, 0)
 
 
+MIN_PROBES = 8  # batches probed before the in-situ region cost is used
+
+
 def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """pipeprof's own cost (docs/overhead.md): the timed regions, estimated as ``events`` times
-    the per-region cost calibrated on this machine (``per_event_ns``: open, close, packing); and,
-    measured, its bookkeeping on the loop's thread inside ``next()`` (``main_s``), folding the
-    records (``settle_s``), the sampler threads (``sampler_s``) and building the profiled twin
-    of a loader (``setup_s``). ``estimated_fraction``
-    is their sum over the CPU time of the profiled processes (main and workers) when known."""
+    the per-region cost measured in situ (``in_situ_ns``, the median probe, NOTE [ In-situ region cost ] in
+    core/recorder.py) plus the packing of their records, measured per batch (``pack_s``); where
+    no batch was probed (tf.data, files from before), ``events`` times the cost calibrated
+    with warm caches (``per_event_ns``: open, close, packing). And, measured, its bookkeeping on
+    the loop's thread inside ``next()`` (``main_s``), folding the records (``settle_s``), the
+    sampler threads (``sampler_s``) and building the profiled twin of a loader (``setup_s``).
+    ``estimated_fraction`` is their sum over the CPU time of the profiled processes (main and
+    workers) when known."""
     costs = session.costs
-    regions_s = session.events * session.overhead_ns / 1e9
+    probes = session.probe.count  # the median probe: a preempted one says nothing of a region
+    in_situ_ns = session.probe.percentile_ns(50) if probes >= MIN_PROBES else None
+    pack_s = costs.get("pack_ns", 0) / 1e9
+    if in_situ_ns is not None:  # the probes are regions too
+        in_stages_s = session.events * in_situ_ns / 1e9
+        regions_s = in_stages_s + probes * in_situ_ns / 1e9 + pack_s
+    else:
+        in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
     main_s = costs.get("main_ns", 0) / 1e9
     settle_s = costs.get("settle_ns", 0) / 1e9
     sampler_s = costs.get("sampler_ns", 0) / 1e9
@@ -188,9 +201,11 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     wall_s = session.wall_ns / 1e9
     return {
         "per_event_ns": round(session.overhead_ns, 1),
+        "in_situ_ns": None if in_situ_ns is None else round(in_situ_ns, 1),
+        "pack_s": round(pack_s, 6),
         "events": session.events,
         # what the timed regions add to the stage times pipeprof reports
-        "in_stages_fraction": round(regions_s / stage_s, 6) if stage_s > 0 else None,
+        "in_stages_fraction": round(in_stages_s / stage_s, 6) if stage_s > 0 else None,
         # the samplers' threads after their start, in cores
         "sampler_cores": round(steady_sampler_s / wall_s, 6) if wall_s > 0 else None,
         "regions_s": round(regions_s, 6),

@@ -157,6 +157,7 @@ class Session:
     starved: Stat = field(default_factory=Stat)
     handover: Stat = field(default_factory=Stat)
     batch_bytes: Stat = field(default_factory=Stat)  # bytes per batch, every few batches
+    probe: Stat = field(default_factory=Stat)  # NOTE [ In-situ region cost ]: one per batch
     batches: int = 0
     samples: int = 0
     loop: LoopRecord | None = None  # a training loop's steps (loop mode)
@@ -377,6 +378,7 @@ class Session:
             "starved": self.starved.to_dict(),
             "handover": self.handover.to_dict(),
             "batch_bytes": self.batch_bytes.to_dict(),
+            "probe": self.probe.to_dict(),
             "batches": self.batches,
             "samples": self.samples,
             "loop": self.loop.to_dict() if self.loop is not None else {},
@@ -437,6 +439,7 @@ class Session:
             starved=_stat(data.get("starved", {}), "session.starved"),
             handover=_stat(data.get("handover", {}), "session.handover"),
             batch_bytes=_stat(data.get("batch_bytes", {}), "session.batch_bytes"),
+            probe=_stat(data.get("probe", {}), "session.probe"),
             batches=get("batches", _is_int, _INT, 0),
             samples=get("samples", _is_int, _INT, 0),
             loop=LoopRecord.from_dict(loop, "session.loop") if loop else None,

@@ -124,7 +124,12 @@ def overhead_line(data: dict[str, Any]) -> str:
     """pipeprof's own cost as the report states it (``overhead``; docs/overhead.md)."""
     o = data.get("overhead") or {}
     of = "of the CPU the run used" if o.get("basis") == "cpu" else "of measured time"
-    parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
+    if o.get("in_situ_ns") is not None:  # packing is counted apart, as measured
+        parts = [f"{o.get('events', 0):,} timed regions at {num(o['in_situ_ns'])} ns in situ"]
+        if o.get("pack_s"):
+            parts.append(f"packing records {num(o['pack_s'] * 1e3)} ms")
+    else:  # the calibrated cost holds the packing
+        parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
     for key, what in (("main_s", "bookkeeping in next()"), ("settle_s", "folding records"),
                       ("sampler_s", "samplers"), ("setup_s", "set-up")):  # fmt: skip
         if o.get(key):

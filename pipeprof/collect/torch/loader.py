@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from pipeprof.collect import hdf5
 from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.core.batch import batch_nbytes, batch_size, samples_to_collate
-from pipeprof.core.recorder import clock, recorder, timed_call1
+from pipeprof.core.recorder import PROBE_CAP_NS, clock, probe, recorder, timed_call1
 from pipeprof.core.session import Session
 
 # Named like torch.profiler's own span so that traces line up.
@@ -173,6 +173,7 @@ class Collate:
         rec = recorder()
         if not rec.enabled:
             return self.fn(samples)
+        probe_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
         payload = rec.drain()
@@ -182,6 +183,7 @@ class Collate:
             cpu = time.process_time_ns()
             payload["cpu_ns"] = cpu - _CPU_MARK[0]
             _CPU_MARK[0] = cpu
+        payload["probe_ns"] = probe_ns
         payload["cost_ns"] = clock() - done  # packing the records: pipeprof's own
         return Carrier(batch, payload)
 
@@ -445,6 +447,9 @@ class ProfiledLoader:
         w.batches += 1
         w.samples += payload["samples"]
         s.add_cost("pack_ns", payload["cost_ns"])
+        probe_ns = payload.get("probe_ns")
+        if probe_ns is not None and probe_ns < PROBE_CAP_NS:
+            s.probe.add(probe_ns)
         if carrier.pin_ns:
             s.add("main", "transfer/pin", carrier.pin_ns)
         # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
