@@ -165,12 +165,12 @@ MIN_PROBES = 8  # batches probed before the in-situ region cost is used
 
 
 def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """pipeprof's own cost (docs/overhead.md): the timed regions, estimated as ``events`` times
-    the per-region cost measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region
-    cost ] in core/recorder.py) plus the packing of their records, measured per batch
-    (``pack_s``); where no batch was probed (tf.data, files from before), ``events`` times the cost calibrated
-    with warm caches (``per_event_ns``: open, close, packing). And, measured, its bookkeeping on
-    the loop's thread inside ``next()`` (``main_s``), folding the records (``settle_s``), the
+    """pipeprof's own cost (docs/overhead.md). The timed regions: ``events`` times the cost of
+    one region measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region cost ]
+    in core/recorder.py) plus the packing of their records, measured per batch (``pack_s``);
+    where no batch was probed (tf.data, older files), ``events`` times the cost calibrated with
+    warm caches (``per_event_ns``: open, close, packing). Measured: the bookkeeping on the
+    loop's thread inside ``next()`` (``main_s``), folding the records (``settle_s``), the
     sampler threads (``sampler_s``) and building the profiled twin of a loader (``setup_s``).
     ``estimated_fraction`` is their sum over the CPU time of the profiled processes (main and
     workers) when known."""
