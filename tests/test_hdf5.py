@@ -14,6 +14,7 @@ import pipeprof
 from pipeprof.collect import hdf5
 from pipeprof.core.recorder import counts, recorder
 from pipeprof.core.session import Session
+from pipeprof.render.figures import num
 
 ORIGINAL = h5py.Dataset.__dict__["__getitem__"], h5py.Dataset.__dict__["read_direct"]
 
@@ -181,6 +182,14 @@ def test_a_bad_chunk_layout_gives_the_amplification_finding_and_rechunking_pays(
     assert f["evidence"]["chunks_per_read"] == 1.0 and f["evidence"]["every_read_decodes"]
     assert f["evidence"]["read_shape"] == [1, 32, 32]
     assert "chunks=(1, 32, 32)" in f["fix"] and "rdcc_nbytes" in f["fix"] and "lzf" in f["fix"]
+    # the section in text and HTML: the dataset's row with its layout against its reads
+    row = h5_rows(report)["/x"]
+    line = [ln for ln in report.render("text").splitlines() if ln.startswith("bad.h5:/x")]
+    assert len(line) == 1 and line[0].split() == [
+        "bad.h5:/x", str(row["reads"]), num(row["read_ms_mean"]), "288×32×32", "gzip",
+        "1×32×32", "1.00", "×288"]  # fmt: skip
+    html = report.render("html")
+    assert "<h2>HDF5 reads</h2>" in html and "<td>288×32×32 gzip</td><td>1×32×32</td>" in html
     after = run(good)
     assert finding_of(after, "h5-read-amplification") is None
     assert h5_rows(after)["/x"]["decoded_amplification"] == 1.0

@@ -6,6 +6,7 @@ what is there. n/a (``None``) stays "n/a", never 0.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from pipeprof.core.units import num, pct
@@ -135,6 +136,36 @@ def overhead_line(data: dict[str, Any]) -> str:
         if o.get(key):
             parts.append(f"{what} {num(o[key] * 1e3)} ms")
     return f"pipeprof's own work ≈ {pct(o.get('estimated_fraction'), 2)} {of} ({', '.join(parts)})"
+
+
+H5_COLUMNS = ("dataset", "reads", "ms each", "chunk", "read", "chunks", "decoded")
+
+
+def h5_table(data: dict[str, Any]) -> list[list[str]]:
+    """The rows of the HDF5 section, one per h5py dataset read (``report["hdf5"]``), as text
+    cells in ``H5_COLUMNS`` order; n/a where a figure cannot be known (the row's ``note``).
+    "chunk" is the chunk shape and filter, "read" a read's mean shape, "chunks" the chunks a read
+    touches, "decoded" the bytes decompressed per byte returned (docs/hdf5.md)."""
+
+    def shape(v: Any) -> str:
+        return "×".join(str(x) for x in v) if v else "n/a"
+
+    rows = []
+    for r in data.get("hdf5") or []:
+        name = f"{os.path.basename(str(r.get('file') or ''))}:{r.get('dataset')}"
+        amp = r.get("decoded_amplification")
+        rows.append([
+            name,
+            f"{r.get('reads', 0):,}",
+            num(r.get("read_ms_mean")),
+            f"{shape(r.get('chunks'))} {r.get('filter') or 'none'}"
+            if r.get("kind") == "chunked"
+            else str(r.get("kind")),
+            shape(r.get("read_shape")),
+            num(r.get("chunks_per_read")),
+            "n/a" if amp is None else f"×{num(amp)}",
+        ])  # fmt: skip
+    return rows
 
 
 def top_total(stages: dict[str, dict[str, Any]]) -> float:

@@ -12,10 +12,12 @@ from typing import Any
 from pipeprof.render import charts, timelines
 from pipeprof.render.base import Profiled, Renderer
 from pipeprof.render.figures import (
+    H5_COLUMNS,
     balance,
     batch_waits,
     coverage,
     gpu_devices,
+    h5_table,
     headline,
     limiting_stages,
     loop_view,
@@ -219,6 +221,13 @@ def body(data: dict[str, Any]) -> str:
             "<h2>Pipeline stages (time summed over workers)</h2>"
             f"{charts.stage_icicle(data['stages'])}{stage_rows(data)}"
         )
+    h5 = h5_table(data)
+    if h5:
+        head = "".join(f"<th>{escape(c)}</th>" for c in H5_COLUMNS)
+        body_rows = "".join(
+            "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>" for cells in h5
+        )
+        parts.append(f'<h2>HDF5 reads</h2><table class="hdf5"><tr>{head}</tr>{body_rows}</table>')
     if data.get("workers"):
         ratio = balance(data)
         note = f'<p class="dim">busiest worker {ratio:.2f}× the mean</p>' if ratio else ""

@@ -21,11 +21,13 @@ from rich.text import Text
 
 from pipeprof.render.base import Renderer
 from pipeprof.render.figures import (
+    H5_COLUMNS,
     SEVERITY_STYLE,
     STEP_PARTS,
     balance,
     coverage,
     gpu_devices,
+    h5_table,
     headline,
     limiting_stages,
     loop_view,
@@ -211,6 +213,20 @@ def stagetable(data: dict[str, Any]) -> RenderableType | None:
     return t
 
 
+def h5table(data: dict[str, Any]) -> RenderableType | None:
+    rows = h5_table(data)
+    if not rows:
+        return None
+    t = table("HDF5 reads (h5py, all processes)")
+    for col in H5_COLUMNS:
+        first = col == H5_COLUMNS[0]
+        t.add_column(col, justify="left" if first else "right", no_wrap=not first,
+                     min_width=10 if first else None, overflow="fold")  # fmt: skip
+    for cells in rows:
+        t.add_row(*cells)
+    return t
+
+
 def workertable(data: dict[str, Any]) -> RenderableType | None:
     rows = data.get("workers") or []
     if not rows:
@@ -318,6 +334,7 @@ def parts(data: dict[str, Any]) -> Iterator[RenderableType]:
     sections = [steptable(loop), regiontable(loop)] if loop else []
     sections += [
         stagetable(data),
+        h5table(data),
         workertable(data),
         utilisation(data),
         finding_list(data),
