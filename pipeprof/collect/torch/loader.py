@@ -176,6 +176,9 @@ class Collate:
         probe_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
+        # packing's CPU, not its wall time: a worker preempted here (all cores busy) would count
+        # another process's milliseconds as pipeprof's
+        cpu0 = time.thread_time_ns()
         payload = rec.drain()
         payload["end_ns"] = done
         payload["samples"] = 1 if self.per_sample else samples_to_collate(samples)
@@ -184,7 +187,7 @@ class Collate:
             payload["cpu_ns"] = cpu - _CPU_MARK[0]
             _CPU_MARK[0] = cpu
         payload["probe_ns"] = probe_ns
-        payload["cost_ns"] = clock() - done  # packing the records: pipeprof's own
+        payload["cost_ns"] = time.thread_time_ns() - cpu0  # packing the records: pipeprof's own
         return Carrier(batch, payload)
 
 
