@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -367,6 +368,8 @@ def cmd_run(argv: list[str]) -> int:
     from pipeprof.collect.ranks import from_env, rank_path
 
     opts.rank = from_env()  # torchrun, srun, mpirun: a file per rank (NOTE [ Ranks ])
+    opts.job_out = _job_path(opts.out) if opts.rank.distributed else None
+    opts.job_html = _job_path(opts.html) if opts.rank.distributed and opts.html else None
     for name in ("out", "html", "trace"):
         path = getattr(opts, name)
         if path:
@@ -375,19 +378,74 @@ def cmd_run(argv: list[str]) -> int:
         if path:
             _check_writable(path)
     run = runner.Run(batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions)
-    run.on_stop = lambda: _run_outputs(run, opts, interrupted=False)
+    run.on_stop = lambda: _run_outputs(run, opts, interrupted=False, gather=False)
+    run.on_job = lambda: _job_outputs(run, opts)
     ended = runner.execute(run, target, module, script_args)
-    if not run.written:
-        interrupted = isinstance(ended, (KeyboardInterrupt, runner.Terminated))
-        try:
-            _run_outputs(run, opts, interrupted)
-        except Exception as exc:  # the script's own ending comes first
-            _error(f"the report could not be written ({type(exc).__name__}: {exc})")
+    clean = ended is None or (isinstance(ended, SystemExit) and ended.code in (None, 0))
+    try:
+        if clean:
+            run.end_of_job(None)  # NOTE [ Job gather ] in runner.py: a job still up gathers
+        if not run.written:
+            interrupted = isinstance(ended, (KeyboardInterrupt, runner.Terminated))
+            if not clean and not interrupted and ended is not None:
+                run.notes.append(f"the script ended with {type(ended).__name__}: {ended}; the "
+                                 "report covers what ran until then")  # fmt: skip
+            _run_outputs(run, opts, interrupted, gather=False)
+    except Exception as exc:  # the script's own ending comes first
+        _error(f"the report could not be written ({type(exc).__name__}: {exc})")
     return runner.end_like(ended)
 
 
-def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool) -> None:
-    """Write the reports of ``pipeprof run`` and print the summary on stderr."""
+def _job_path(path: str) -> str:
+    """Where rank 0 writes the job report: ``run.json`` -> ``run.job.json``."""
+    p = Path(path)
+    suffix = "".join(p.suffixes[-1:])
+    stem = p.name[: len(p.name) - len(suffix)] if suffix else p.name
+    return str(p.with_name(f"{stem}.job{suffix}"))
+
+
+def _job_outputs(run: Any, opts: argparse.Namespace) -> None:
+    """This rank's files, then the job report gathered to rank 0 over the job's process group
+    (NOTE [ Job gather ] in runner.py), written by rank 0 next to its own."""
+    if not run.written:
+        _run_outputs(run, opts, interrupted=False, gather=True)
+    rank = opts.rank
+    dist = sys.modules.get("torch.distributed")
+    if not rank.distributed or dist is None or not dist.is_initialized():
+        return
+    from pipeprof.analyze.job import job_dict
+    from pipeprof.report import Job
+
+    t0 = time.perf_counter()
+    mine = getattr(run, "job_entry", None)
+    got: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, got, dst=0)
+    if got is None:
+        return
+    gather_s = time.perf_counter() - t0
+    err = Console(stderr=True, soft_wrap=True)
+    entries = [e for e in got if e is not None]
+    if not entries:
+        return
+    data = job_dict(entries)
+    data["gather_s"] = round(gather_s, 6)
+    job = Job(data)
+    with _naming(opts.job_out):
+        Path(opts.job_out).write_text(job.render("json"), encoding="utf-8")
+    if opts.job_html:
+        with _naming(opts.job_html):
+            Path(opts.job_html).write_text(job.render("html"), encoding="utf-8")
+    if opts.quiet:
+        return
+    Console(stderr=True).print(job)
+    err.print(f"job report gathered from {len(entries)} of {len(got)} ranks over the process "
+              f"group in {gather_s * 1e3:.0f} ms: {Path(opts.job_out).resolve()}",
+              markup=False, highlight=False)  # fmt: skip
+
+
+def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: bool) -> None:
+    """Write the reports of ``pipeprof run`` and print the summary on stderr; ``gather``: the
+    job report is gathered next (else a distributed rank 0 says how to merge the files)."""
     from pipeprof import runner
 
     run.written = True
@@ -410,6 +468,11 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool) -> None:
             report.save(path)
         paths[entry.label] = str(path)
     main = reports[0][1]
+    data = main.to_dict()
+    for part in (data, data.get("host") or {}, data.get("gpu") or {}):
+        part.pop("timeline", None)  # the job report reads none of them: the gather stays small
+    run.job_entry = (str(paths[reports[0][0].label]), {**data, "started_at":
+                                                       main.session.started_at})  # fmt: skip
     if opts.html:
         with _naming(opts.html):
             main.write_html(opts.html)
@@ -428,7 +491,7 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool) -> None:
     for path in (opts.html, opts.trace):
         if path:
             err.print(f"written: {Path(path).resolve()}", markup=False, highlight=False)
-    if rank.distributed and rank.rank == 0:
+    if rank.distributed and rank.rank == 0 and not gather:
         every = Path(opts.out).name.replace(".rank0", ".rank*")
         err.print(
             f"every rank wrote its own report; one job report: pipeprof merge "

@@ -122,6 +122,8 @@ class Run:
         self._user_profiler = False
         self.written = False  # the outputs are out (pipeprof run's CLI)
         self.on_stop: Any = None  # called when --batches ends profiling
+        self.on_job: Any = None  # called once the ranks' training is over (NOTE [ Job gather ])
+        self.job_gathered = False
 
     # ---- the hooks ----------------------------------------------------------------------
 
@@ -347,10 +349,21 @@ class Run:
         originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
         for name, fn in originals.items():
             setattr(dist, name, collective(fn, self._comm_timer))
+        orig_destroy = dist.destroy_process_group
+
+        @functools.wraps(orig_destroy)
+        def destroy_process_group(group: Any = None) -> Any:
+            if group is None and os.getpid() == run.pid:  # the job's group: training is over
+                run.end_of_job("the script destroyed its process group, where the job report is "
+                           "gathered")  # fmt: skip
+            return orig_destroy(group)
+
+        dist.destroy_process_group = destroy_process_group
 
         def undo() -> None:
             DDP.forward = orig_forward  # type: ignore[method-assign]
             DDP.register_comm_hook = orig_register  # type: ignore[method-assign]
+            dist.destroy_process_group = orig_destroy
             for name, fn in originals.items():
                 setattr(dist, name, fn)
 
@@ -543,6 +556,27 @@ class Run:
             self._samplers.append(NvmlSampler(hz=self.sample_hz, gpus=gpus).start())
 
     # ---- the end ----------------------------------------------------------------------------
+
+    def end_of_job(self, why: str | None) -> None:
+        """NOTE [ Job gather ]
+        The ranks' reports are gathered to rank 0 over the job's own process group, once, at a
+        point every rank reaches after its training collectives and before the group is gone:
+        when the script destroys its default process group (profiling stops there, with a note),
+        or, where it never does, when the script ends without an exception. Never at
+        ``--batches`` (a rank there may still owe the others a collective: a gather would pair
+        with it) nor after an exception or a signal (the other ranks may never come: torchrun
+        stops them). Each rank writes its own files first, so a gather that fails loses nothing.
+        ``on_job`` (the CLI's) does the writing and the gathering."""
+        if self.job_gathered or self.on_job is None:
+            return
+        self.job_gathered = True
+        if not self.stopped and why:
+            self.stop_profiling(why)
+        try:
+            self.on_job()
+        except Exception as exc:  # never into the script (it may be inside its own call)
+            print(f"pipeprof: the job report could not be made ({type(exc).__name__}: {exc}); "
+                  "each rank's file was written: pipeprof merge them", file=sys.stderr)
 
     def stop_profiling(self, why: str | None = None) -> None:
         """Stop every Profiler and the samplers: what was measured is final."""

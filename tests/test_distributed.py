@@ -56,7 +56,11 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     assert (tmp_path / "run.rank0.json").exists() and (tmp_path / "run.rank1.json").exists()
     assert not (tmp_path / "run.json").exists()
     assert "rank 0 of 2" in ran.stderr and "rank 1 of 2" not in ran.stderr
-    assert "pipeprof merge" in ran.stderr
+    # ... and rank 0 wrote the job report, gathered over the job's process group when the script
+    # destroyed it (NOTE [ Job gather ]): no merge needed
+    assert "job report gathered from 2 of 2 ranks" in ran.stderr, ran.stderr
+    gathered = load(tmp_path / "run.job.json")
+    assert gathered["gather_s"] < 5
     truth = {r: load(tmp_path / f"truth.rank{r}.json") for r in (0, 1)}
     # timing DDP's all-reduce through a hook leaves training exactly as it was
     for r in (0, 1):
@@ -68,6 +72,8 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     )  # fmt: skip
     assert merged.returncode == 0, merged.stderr
     job = load(tmp_path / "job.json")
+    # the gathered job report is the merge of the files, figure for figure
+    assert {k: v for k, v in gathered.items() if k != "gather_s"} == job
     assert [s["rank"] for s in job["stragglers"]] == [1]
     assert job["stragglers"][0]["stage"] == "load"
     assert "rank 1 waits" in job["headline"] and "wait on it in all-reduce" in job["headline"]
@@ -91,6 +97,51 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
         assert report["meta"]["comm"]["hook"] == "allreduce_hook"
         # each step: one DDP all-reduce and the script's explicit all_reduce, both Comm
         assert report["loop"]["regions"]["Comm"]["count"] == 2 * report["loop"]["steps"]
+
+
+@pytest.mark.slow
+def test_a_crashing_rank_leaves_every_rank_s_file_and_merge_names_what_is_there(tmp_path):
+    """Rank 1 raises after 5 steps: torchrun stops rank 0 (SIGTERM). No job report is gathered
+    (rank 1 never comes), but both ranks wrote their files on the way out, and they merge."""
+    ran = torchrun(tmp_path, 29733, "-m", "pipeprof", "run", "-o", "run.json", DDP_TRAIN,
+                   "--crash-rank", "1", "--step-ms", "20")  # fmt: skip
+    assert ran.returncode != 0
+    assert "RuntimeError: rank 1 crashed" in ran.stderr
+    assert not (tmp_path / "run.job.json").exists()
+    r1 = load(tmp_path / "run.rank1.json")
+    assert r1["loop"]["steps"] == 5  # its steps up to the crash
+    files = [tmp_path / "run.rank0.json", tmp_path / "run.rank1.json"]
+    if not files[0].exists():  # rank 0 killed before it could write: merge names it missing
+        job = pipeprof.merge(files[1:])
+        assert job["missing_ranks"] == [0]
+        return
+    # rank 0 ended with gloo's error in the all-reduce rank 1 never joined, or torchrun's SIGTERM
+    r0 = load(files[0])
+    assert r0["interrupted"] or any("the script ended with" in n for n in r0["notes"]), r0["notes"]
+    assert any("the script ended with RuntimeError: rank 1 crashed" in n for n in r1["notes"])
+    job = pipeprof.merge(files)
+    assert job["missing_ranks"] == [] and job["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_host_gather_one_job_report(tmp_path):
+    """``--nnodes=2``: two torchrun agents (one per "node", each with 2 ranks) meeting at a c10d
+    rendezvous on localhost; rank 0 gathers all four ranks' reports."""
+    common = ["--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+              "--rdzv_endpoint=127.0.0.1:29741", "--rdzv_id=pp-two-nodes", "-m", "pipeprof",
+              "run", "-o", "run.json", DDP_TRAIN, "--samples", "256", "--slow-rank", "3",
+              "--slow-ms", "4"]  # fmt: skip
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *common],
+                              cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    outs = [n.communicate(timeout=240) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], [o[1][-2000:] for o in outs]
+    job = load(tmp_path / "run.job.json")
+    assert job["world_size"] == 4 and job["ranks_present"] == [0, 1, 2, 3]
+    assert [s["rank"] for s in job["stragglers"]] == [3]
+    nodes_seen = {r["meta"]["rank"]["node_rank"] for r in
+                  (load(tmp_path / f"run.rank{i}.json") for i in range(4))}  # fmt: skip
+    assert len(nodes_seen) == 2
 
 
 # ---- merge, from real profiles written in this process --------------------------------------

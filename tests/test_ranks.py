@@ -32,24 +32,26 @@ def clean_env(monkeypatch):
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}, (3, 1, 8, "torchrun")),
-        ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "6"}, (5, 1, 6, "slurm")),
+        ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "1"},
+         (3, 1, 8, "torchrun", 1)),
+        ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "6", "SLURM_NODEID": "2"},
+         (5, 1, 6, "slurm", 2)),
         (
             {
                 "OMPI_COMM_WORLD_RANK": "2",
                 "OMPI_COMM_WORLD_LOCAL_RANK": "0",
                 "OMPI_COMM_WORLD_SIZE": "4",
             },
-            (2, 0, 4, "openmpi"),
+            (2, 0, 4, "openmpi", None),
         ),
-        ({"PMI_RANK": "1", "PMI_SIZE": "2"}, (1, None, 2, "pmi")),
-        ({}, (0, 0, 1, "none")),
-        ({"RANK": "x", "WORLD_SIZE": "2"}, (0, 0, 1, "none")),  # not a number: not a launch
+        ({"PMI_RANK": "1", "PMI_SIZE": "2"}, (1, None, 2, "pmi", None)),
+        ({}, (0, 0, 1, "none", None)),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, (0, 0, 1, "none", None)),  # not a number: no launch
     ],
 )
 def test_each_launcher_is_read_from_its_environment(env, expected):
     r = ranks.from_env(env)
-    assert (r.rank, r.local_rank, r.world_size, r.source) == expected
+    assert (r.rank, r.local_rank, r.world_size, r.source, r.node) == expected
     assert r.host
 
 

@@ -48,6 +48,7 @@ class Rank:
     host: str = ""
     source: str = "none"
     job: str = ""  # the job's id where the launcher gives one: ranks of one job share it
+    node: int | None = None  # the node's index in the job (torchrun, Slurm), where given
 
     @property
     def distributed(self) -> bool:
@@ -61,7 +62,10 @@ class Rank:
             "host": self.host,
             "source": self.source,
             "job": self.job,
+            "node_rank": self.node,
         }
+
+NODE_KEYS = {"torchrun": "GROUP_RANK", "slurm": "SLURM_NODEID"}  # the node's index in the job
 
 
 def _int(env: Mapping[str, str], key: str | None) -> int | None:
@@ -80,7 +84,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Rank:
         local = _int(env, local_key)
         if local is None and local_key is None and world == 1:
             local = 0
-        return Rank(rank, local, world, host, name, job)
+        return Rank(rank, local, world, host, name, job, _int(env, NODE_KEYS.get(name)))
     local = _int(env, "LOCAL_RANK")
     return Rank(0, 0 if local is None else local, 1, host, "none", job)
 
@@ -111,7 +115,8 @@ def current(env: Mapping[str, str] | None = None) -> Rank:
     except Exception:  # a process group being torn down: the launcher's figures still hold
         return launched
     local = launched.local_rank if launched.world_size == world else None
-    return Rank(rank, local, world, launched.host, "torch.distributed", launched.job)
+    return Rank(rank, local, world, launched.host, "torch.distributed", launched.job,
+                launched.node)
 
 
 def _torch_distributed() -> Any:
