@@ -305,7 +305,7 @@ class Profiler:
                         self._comm.fold(log, handed, t_end)
                     log.end(handed, t_end)
                 if nv_wait:
-                    nv.push("wait")
+                    nv.open("wait")
                     depth = 1
                 t_req = clock()
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
@@ -331,7 +331,7 @@ class Profiler:
                 gpu_start = self._gpu_mark(None, end=False)
                 cpu_handed = time.process_time_ns()
                 if nv is not None:
-                    nv.push("compute")
+                    nv.open("compute")
                     depth = 1
                 handed = clock()
                 yield batch

@@ -140,8 +140,8 @@ def test_forced_ranges_in_workers_and_loop_are_balanced(seen):
     assert len(pushed) == 2  # both workers emitted
     every = Counter(name for names in pushed.values() for name in names)
     assert every == {
-        "load": 24, "load/fetch": 24, "load/decode": 24, "transform/Lambda": 24, "transform/_Scale": 24,
-        "collate": 6,
+        "load": 24, "load/fetch": 24, "load/decode": 24, "transform/Lambda": 24,
+        "transform/_Scale": 24, "collate": 6,
     }  # fmt: skip
     # the report is what it is without ranges: same stages and counts, worker records intact
     assert {k: report["stages"][k]["count"] for k in every} == every
@@ -250,7 +250,7 @@ def test_range_timer_pops_only_what_it_pushed(fresh, monkeypatch):
     calls = []
 
     class Spy:
-        def push(self, name):
+        def open(self, name):
             calls.append(name)
 
         def pop(self):
@@ -304,7 +304,10 @@ def test_pipeprof_run_nvtx(tmp_path):
 
 
 def test_import_pipeprof_does_not_import_nvtx():
-    code = "import sys, pipeprof; print('nvtx' in sys.modules, 'pipeprof.collect.ranges' in sys.modules)"
+    code = (
+        "import sys, pipeprof\n"
+        "print(*(m in sys.modules for m in ('nvtx', 'pipeprof.collect.ranges')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)  # fmt: skip
     assert out.stdout.split() == ["False", "False"]

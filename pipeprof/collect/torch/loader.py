@@ -64,7 +64,7 @@ class Carrier:
 
         nv = recorder().ranges  # NVTX (NOTE [ NVTX ranges ] in collect/ranges.py)
         if nv is not None:
-            nv.push("transfer/pin")
+            nv.open("transfer/pin")
         t0 = clock()
         self.batch = pin_memory(self.batch, *args)  # type: ignore[no-untyped-call]
         self.pin_ns = clock() - t0
@@ -374,7 +374,7 @@ class ProfiledLoader:
                 before = rec.enter(mine)
                 try:
                     if nv is not None:
-                        nv.push("wait")
+                        nv.open("wait")
                     t0 = clock()
                     try:
                         carrier = next(it)
@@ -389,7 +389,7 @@ class ProfiledLoader:
                     copy_ns = 0
                     if self.h2d is not None:
                         if nv is not None:
-                            nv.push("transfer")
+                            nv.open("transfer")
                         t2 = clock()
                         batch = self.h2d.move(batch, self.non_blocking, rec)
                         copy_ns = clock() - t2
