@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import timeit
+from importlib.metadata import version
 from typing import Any
 
 os.environ["PIPEPROF_NVTX_FORCE"] = "1"  # before pipeprof decides anything
@@ -143,15 +144,16 @@ def main(argv: list[str] | None = None) -> int:
         region_added="= a region's range: RangeTimer - Timer",
     )
     print(f"NVTX range cost, ns (median of {args.reps} reps, net of the loop; forced on, "
-          f"no tool attached; nvtx {getattr(nvtx, '__version__', '?')})")  # fmt: skip
+          f"no tool attached; nvtx {version('nvtx')})")  # fmt: skip
     print(f"{'case':<52}{'median':>9}{'min':>9}{'max':>9}")
     for name in [n for n, *_ in CASES[1:]] + ["timed_added", "stage_added", "region_added"]:
         s = rows[name]
         print(f"  {what[name]:<50}{s['median']:9.1f}{s['min']:9.1f}{s['max']:9.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"reps": args.reps, "number": args.number, "ns": rows, "raw": per}, f,
-                      indent=1)  # fmt: skip
+            out = {"reps": args.reps, "number": args.number, "nvtx": version("nvtx"),
+                   "python": sys.version.split()[0], "ns": rows, "raw": per}  # fmt: skip
+            json.dump(out, f, indent=1)
         print(f"wrote {args.json}")
     return 0
 

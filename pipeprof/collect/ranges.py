@@ -99,14 +99,17 @@ class RangeTimer(Timer):
     def start(self, key: str) -> None:
         self.ranges.open(key)  # before the clock: NVTX's cost stays out of the region
         try:
-            super().start(key)
+            _START(self, key)
         except BaseException:
             self.ranges.pop()
             raise
 
     def end(self, key: str) -> None:
-        super().end(key)  # an unmatched end raises here, and pops nothing
+        _END(self, key)  # an unmatched end raises here, and pops nothing
         self.ranges.pop()
+
+
+_START, _END = Timer.start, Timer.end
 
 
 _lock = threading.Lock()
@@ -338,7 +341,12 @@ def _enter(self: stage) -> None:
         self.path = st.path = path
         self.d0 = st.detached
         self.sink = st.sink
-        rec.ranges.open(path)
+        ranges = rec.ranges
+        try:
+            attrs = ranges.attrs[path]
+        except KeyError:
+            attrs = ranges.register(path)
+        ranges.push(attrs)
         self.start = clock()
 
 
