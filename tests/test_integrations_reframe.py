@@ -1,7 +1,7 @@
 """examples/reframe/pipeprof_check.py run by the real ``reframe`` on the local scheduler.
 
 Each run starts ReFrame, which runs ``pipeprof run`` on examples/train.py (a short run, no
-worker: input-bound, so there is a limiting stage) as a job: about 6 s each here."""
+worker: input-bound, so there is a limiting stage) as a job: 5-10 s here (the failing one 1 s)."""
 
 from __future__ import annotations
 
