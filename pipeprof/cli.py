@@ -94,6 +94,10 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="GPU and host sampling rate (10; 0 turns sampling off)")  # fmt: skip
     p.add_argument("--no-regions", action="store_true",
                    help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
+    p.add_argument("--nvtx", action="store_true",
+                   help="also emit stages (in the workers too), wait / transfer / compute and "
+                   "the regions as NVTX ranges for Nsight Systems (pip install "
+                   "'pipeprof[nvtx]'; run under nsys profile)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--all-ranks", action="store_true",
                    help="in a distributed job, every rank prints its summary (default: rank 0 "
@@ -365,6 +369,13 @@ def cmd_run(argv: list[str]) -> int:
     if not opts.sample_hz >= 0:
         parser.error("--sample-hz must be 0 or more")
     runner.check_target(target, module)
+    if opts.nvtx:  # before the script runs, not at its first batch
+        try:
+            import nvtx  # noqa: F401
+        except ImportError:
+            from pipeprof.collect.ranges import MISSING
+
+            parser.error(MISSING.replace("nvtx=True", "--nvtx"))
     from pipeprof.collect.ranks import from_env, rank_path
 
     opts.rank = from_env()  # torchrun, srun, mpirun: a file per rank (NOTE [ Ranks ])
@@ -377,7 +388,10 @@ def cmd_run(argv: list[str]) -> int:
     for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
         if path:
             _check_writable(path)
-    run = runner.Run(batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions)
+    run = runner.Run(
+        batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions,
+        nvtx=opts.nvtx,
+    )  # fmt: skip
     run.on_stop = lambda: _run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: _job_outputs(run, opts)
     ended = runner.execute(run, target, module, script_args)

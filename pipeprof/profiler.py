@@ -67,7 +67,10 @@ class Profiler:
     host sampling rate (0 turns sampling off); ``gpus`` the NVML indices to sample (default: the
     device's). ``stream`` names a file the session is saved to every ``flush_s`` seconds while the
     loop runs and at the end, so a crash loses at most that interval. ``replay`` keeps that many
-    batches for ``Profiler.replay`` (compute-only baseline).
+    batches for ``Profiler.replay`` (compute-only baseline). ``nvtx`` also emits every stage (in
+    the workers too), the loop's wait / transfer / compute and the regions as NVTX ranges for
+    Nsight Systems (``pip install 'pipeprof[nvtx]'``; where no CUDA device or no NVTX tool is
+    there, nothing is emitted and the report's notes say so: docs/integrations.md).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Profiler:
         timer: Backend = "auto",
         nvml: Any = None,
         event_factory: Callable[[], Any] | None = None,
+        nvtx: bool = False,
     ) -> None:
         if isinstance(sample_hz, bool) or not isinstance(sample_hz, (int, float)) or sample_hz < 0:
             raise ValueError(
@@ -105,7 +109,20 @@ class Profiler:
         self._nvml_module = nvml
         self.session = Session(mode="loop")
         self._steps_log = StepLog(self.session)
-        self.timer = Timer(backend=timer, sink=self._steps_log.region, event_factory=event_factory)
+        self._ranges: Any = None  # NVTX ranges (NOTE [ NVTX ranges ] in collect/ranges.py)
+        if nvtx:
+            from pipeprof.collect.ranges import RangeTimer, open_ranges
+
+            self._ranges = open_ranges(self.session.notes)
+        if self._ranges is not None:
+            self.timer: Timer = RangeTimer(
+                self._ranges, backend=timer, sink=self._steps_log.region,
+                event_factory=event_factory,
+            )  # fmt: skip
+        else:
+            self.timer = Timer(
+                backend=timer, sink=self._steps_log.region, event_factory=event_factory
+            )
         self._samplers: list[Any] = []
         self._nvml: Any = None
         self._running = False
@@ -138,6 +155,10 @@ class Profiler:
         self._cpu0 = time.process_time_ns()
         self._last_flush = time.monotonic()
         self._running = True
+        if self._ranges is not None:
+            from pipeprof.collect import ranges
+
+            ranges.install()
         if self.sample_hz:
             from pipeprof.collect.samplers import HostSampler
 
@@ -148,6 +169,10 @@ class Profiler:
         if not self._running:
             return
         self._running = False
+        if self._ranges is not None:
+            from pipeprof.collect import ranges
+
+            ranges.uninstall()
         self.timer.flush()
         self._resolve_gpu(block=True)
         self._steps_log.fold()
@@ -238,7 +263,7 @@ class Profiler:
             for loader, twin in self._twins:
                 if loader is data:
                     return twin  # type: ignore[no-any-return]
-            twin = ProfiledLoader(data, self.session, device)
+            twin = ProfiledLoader(data, self.session, device, ranges=self._ranges)
             self._twins.append((data, twin))
             return twin
         if is_tf_dataset(data):
@@ -260,6 +285,10 @@ class Profiler:
         # A ProfiledLoader says how long its own bookkeeping took inside next() (never the
         # user's wait) and how long each batch kept the loop starved (NOTE [ Wait, split ])
         split = hasattr(source, "last_starved")
+        # NVTX: ``compute`` here, ``wait`` too unless the source emits its own (with transfer)
+        nv = self._ranges
+        nv_wait = nv is not None and getattr(source, "ranges", None) is None
+        depth = 0  # the ranges this generator has open
         handed = 0  # when the last batch went to the user (0: none yet)
         cpu_handed = 0  # the process's CPU time then (NOTE [ CPU training shares the cores ])
         gpu_start: Any = None
@@ -267,11 +296,17 @@ class Profiler:
             while True:
                 if handed:  # the step's compute ends; pipeprof's bookkeeping is in no part
                     t_end = clock()
+                    if depth:
+                        nv.pop()
+                        depth = 0
                     self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                     gpu_start = self._gpu_mark(gpu_start, end=True)
                     if self._comm is not None:
                         self._comm.fold(log, handed, t_end)
                     log.end(handed, t_end)
+                if nv_wait:
+                    nv.open("wait")
+                    depth = 1
                 t_req = clock()
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
@@ -281,6 +316,9 @@ class Profiler:
                     handed = 0
                     return
                 t_got = clock()
+                if nv_wait:
+                    nv.pop()
+                    depth = 0
                 transfer = (source.transfer_ns - copied_before) if moves else 0  # type: ignore[attr-defined]
                 own = (source.own_ns - own_before) if split else 0  # type: ignore[attr-defined]
                 wait = max(0, t_got - t_req - transfer - own)
@@ -292,6 +330,9 @@ class Profiler:
                 self._maybe_flush()
                 gpu_start = self._gpu_mark(None, end=False)
                 cpu_handed = time.process_time_ns()
+                if nv is not None:
+                    nv.open("compute")
+                    depth = 1
                 handed = clock()
                 yield batch
         finally:
@@ -301,6 +342,8 @@ class Profiler:
                 if self._comm is not None:
                     self._comm.fold(log, handed, t_end)
                 log.end(handed, t_end)
+            if depth:
+                nv.pop()
 
     # ---- GPU compute time (CUDA events) ------------------------------------------------------
 
@@ -455,13 +498,17 @@ def _check_batches(batches: int | None) -> None:
         raise ValueError(f"batches must be at least 1, got {batches}; use None for a whole epoch")
 
 
-def profile(loader: Any, *, batches: int | None = None, device: Any = None) -> Report:
+def profile(
+    loader: Any, *, batches: int | None = None, device: Any = None, nvtx: bool = False
+) -> Report:
     """Iterate ``loader`` for ``batches`` batches (None: one epoch) and report its stages.
 
     ``loader`` is a ``torch.utils.data.DataLoader`` or a ``tf.data.Dataset`` (one batch is one
     element; see docs/tfdata.md). With ``device`` (``"cuda"``, a
     ``torch.device``) each batch is moved there as a training loop would and ``transfer/h2d`` is
-    timed. The user's loader, dataset and transforms are not modified. Exceptions raised by the
+    timed. With ``nvtx`` each stage (in the workers too), each wait and each copy is also an
+    NVTX range for Nsight Systems (docs/integrations.md). The user's loader, dataset and
+    transforms are not modified. Exceptions raised by the
     dataset, transforms or ``collate_fn`` propagate unchanged; Ctrl-C stops early and returns a
     report of what was measured (``report["interrupted"]`` is True).
     """
@@ -469,7 +516,13 @@ def profile(loader: Any, *, batches: int | None = None, device: Any = None) -> R
     if is_tf_dataset(loader):  # a tf.data.Dataset: traced with TensorFlow's profiler
         from pipeprof.collect.tf.dataset import profile_dataset
 
-        return Report(profile_dataset(loader, batches, device))
+        tf_session = profile_dataset(loader, batches, device)
+        if nvtx:
+            tf_session.notes.append(
+                "nvtx=True: tf.data stages are read from TensorFlow's trace after the run, so "
+                "pipeprof emits no NVTX ranges for them"
+            )
+        return Report(tf_session)
     if not is_torch_loader(loader):
         raise TypeError(
             f"pipeprof.profile() needs a torch.utils.data.DataLoader (or a tf.data.Dataset), got "
@@ -480,7 +533,18 @@ def profile(loader: Any, *, batches: int | None = None, device: Any = None) -> R
     from pipeprof.collect.torch.loader import ProfiledLoader
 
     session = Session(framework="torch", mode="loader")
-    run_alone(ProfiledLoader(loader, session, device), session, batches)
+    nv = None
+    if nvtx:
+        from pipeprof.collect import ranges
+
+        nv = ranges.open_ranges(session.notes)
+    if nv is not None:
+        ranges.install()
+    try:
+        run_alone(ProfiledLoader(loader, session, device, ranges=nv), session, batches)
+    finally:
+        if nv is not None:
+            ranges.uninstall()
     session.overhead_ns = measure_overhead()  # after the run: calibrating is not its time
     if session.batches == 0 and not session.interrupted:
         raise ValueError(

@@ -97,9 +97,15 @@ class Run:
     """Profiles every DataLoader pass of the script it executes; see NOTE [ Run ]."""
 
     def __init__(
-        self, *, batches: int | None = None, sample_hz: float = 10.0, regions: bool = True
+        self,
+        *,
+        batches: int | None = None,
+        sample_hz: float = 10.0,
+        regions: bool = True,
+        nvtx: bool = False,
     ) -> None:
         self.batches = batches
+        self.nvtx = nvtx  # NVTX ranges (collect/ranges.py)
         self.regions = regions
         self.sample_hz = sample_hz
         self.pid = os.getpid()
@@ -453,7 +459,7 @@ class Run:
             return entry
         kind = "DataLoader" if hasattr(loader, "num_workers") else "tf.data"
         label = self._unique(name or (f"{kind}@{site}" if site else kind))
-        prof = Profiler(sample_hz=0)
+        prof = Profiler(sample_hz=0, nvtx=self.nvtx)
         prof.session.meta["run_loader"] = {"label": label, "site": site}
         entry = self.loaders[id(loader)] = Loader(label, site, prof, loader)
         if key:

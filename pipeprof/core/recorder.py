@@ -111,6 +111,7 @@ class Recorder:
         self.raw: dict[Any, list[int]] = {}  # the shared sink
         self._local = _Local(self.raw)
         self._main = self._local.st  # the state of the thread that runs the pipeline
+        self.ranges: Any = None  # NVTX, while on (NOTE [ NVTX ranges ] in collect/ranges.py)
 
     @property
     def innermost(self) -> str | None:

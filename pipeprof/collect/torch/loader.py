@@ -62,9 +62,14 @@ class Carrier:
     def pin_memory(self, *args: Any) -> Carrier:
         from torch.utils.data._utils.pin_memory import pin_memory  # a function, not a patch
 
+        nv = recorder().ranges  # NVTX (NOTE [ NVTX ranges ] in collect/ranges.py)
+        if nv is not None:
+            nv.open("transfer/pin")
         t0 = clock()
         self.batch = pin_memory(self.batch, *args)  # type: ignore[no-untyped-call]
         self.pin_ns = clock() - t0
+        if nv is not None:
+            nv.pop()
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -198,16 +203,24 @@ _CPU_MARK = [0]
 class WorkerInit:
     """Readies a worker's recorder, then runs the user's ``worker_init_fn``. With ``h5`` (the
     main process had imported h5py) h5py reads are timed in the worker too (NOTE [ Timing h5py
-    reads ] in collect/hdf5.py)."""
+    reads ] in collect/hdf5.py); with ``nvtx`` its stages are NVTX ranges too (NOTE [ NVTX
+    ranges ] in collect/ranges.py)."""
 
-    def __init__(self, fn: Callable[[int], Any] | None, h5: bool = False) -> None:
+    def __init__(
+        self, fn: Callable[[int], Any] | None, h5: bool = False, nvtx: bool = False
+    ) -> None:
         self.fn = fn
         self.h5 = h5
+        self.nvtx = nvtx
 
     def __call__(self, worker_id: int) -> None:
         rec = recorder()
         rec.reset(f"worker{worker_id}")
         rec.enabled = True
+        if self.nvtx or rec.ranges is not None:  # asked for, or inherited through fork
+            from pipeprof.collect import ranges
+
+            ranges.in_worker(self.nvtx)
         if self.h5:
             try:
                 import h5py  # noqa: F401  (a spawned worker may not have imported it yet)
@@ -232,8 +245,9 @@ _LOADER_ARGS = (
 )
 
 
-def build_loader(loader: DataLoader) -> tuple[DataLoader, list[str]]:
-    """A DataLoader equal to ``loader`` but with timed dataset, collate and worker init."""
+def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, list[str]]:
+    """A DataLoader equal to ``loader`` but with timed dataset, collate and worker init
+    (``nvtx``: the workers emit NVTX ranges too)."""
     dataset, notes = instrument_dataset(loader.dataset)
     if isinstance(loader.dataset, IterableDataset):
         wrapped: Dataset[Any] = IterDataset(dataset)
@@ -254,7 +268,7 @@ def build_loader(loader: DataLoader) -> tuple[DataLoader, list[str]]:
         kwargs.pop("persistent_workers", None)
     per_sample = loader.batch_size is None and loader.batch_sampler is None
     kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample)
-    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn, "h5py" in sys.modules)
+    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn, "h5py" in sys.modules, nvtx)
     return DataLoader(wrapped, **kwargs), notes
 
 
@@ -293,10 +307,14 @@ def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:
 class ProfiledLoader:
     """Iterates a profiled twin of ``loader`` and records into ``session``.
 
-    Yields exactly the batches ``loader`` would (moved to ``device`` when one is given).
+    Yields exactly the batches ``loader`` would (moved to ``device`` when one is given). With
+    ``ranges`` (NVTX, collect/ranges.py) each wait and each copy is a range, and the workers
+    emit their stages.
     """
 
-    def __init__(self, loader: DataLoader, session: Session, device: Any = None) -> None:
+    def __init__(
+        self, loader: DataLoader, session: Session, device: Any = None, ranges: Any = None
+    ) -> None:
         t0 = clock()
         self.user_loader = loader
         self.opaque = own_iteration(loader)
@@ -305,7 +323,8 @@ class ProfiledLoader:
             note = f"{what}: it runs as it is, so pipeprof times the wait per batch, no stage in it"
             self.loader, notes = loader, [note]
         else:
-            self.loader, notes = build_loader(loader)
+            self.loader, notes = build_loader(loader, ranges is not None)
+        self.ranges = ranges
         self.passes = 0
         self.own_ns = 0  # pipeprof's own time on this thread, inside next() (not the user's)
         self.transfer_ns = 0  # time spent moving batches to ``device`` so far
@@ -335,7 +354,7 @@ class ProfiledLoader:
             # A new pass reads the dataset as it is now (``set_epoch`` and the like), as the plain
             # loader's fresh workers would; persistent workers keep theirs, as they do unprofiled.
             t0 = clock()
-            self.loader = build_loader(self.user_loader)[0]
+            self.loader = build_loader(self.user_loader, self.ranges is not None)[0]
             self.session.add_cost("setup_ns", clock() - t0)
         self.passes += 1
         self._check_fork()
@@ -352,25 +371,35 @@ class ProfiledLoader:
             finally:
                 rec.leave(before)
             span = WAIT_SPAN.format(type(it).__name__)
+            nv = self.ranges
             first = True
             while True:
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
                 before = rec.enter(mine)
                 try:
+                    if nv is not None:
+                        nv.open("wait")
                     t0 = clock()
                     try:
                         carrier = next(it)
+                        t1 = clock()
                     except StopIteration:
                         return
-                    t1 = clock()
+                    finally:
+                        if nv is not None:
+                            nv.pop()
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
                     first = False
                     copy_ns = 0
                     if self.h2d is not None:
+                        if nv is not None:
+                            nv.open("transfer")
                         t2 = clock()
                         batch = self.h2d.move(batch, self.non_blocking, rec)
                         copy_ns = clock() - t2
+                        if nv is not None:
+                            nv.pop()
                         self.transfer_ns += copy_ns
                     self._merge_main(rec)
                     own = clock() - t1 - copy_ns  # pipeprof's bookkeeping for this batch
