@@ -59,6 +59,7 @@ def main():
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--callback", default=None, help="add pipeprof's callback; save its report here")
     p.add_argument("--raise-at", type=int, default=-1)
+    p.add_argument("--callback-ms", type=float, default=0.0, help="a callback's cost per step")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -74,6 +75,13 @@ def main():
         from pipeprof.integrations.lightning import PipeprofCallback
 
         callbacks.append(PipeprofCallback(save=args.callback))
+    if args.callback_ms:
+
+        class Slow(L.Callback):
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                time.sleep(args.callback_ms / 1000)
+
+        callbacks.append(Slow())
     if args.raise_at >= 0:
 
         class Boom(L.Callback):
