@@ -20,7 +20,9 @@ it never pays for it) and then patches public seams of its classes:
 A new loader made where an earlier one was (a loader per epoch) continues that loader's loop.
 When ``tensorflow`` is imported, ``tf.data.Dataset.__iter__`` (eager iteration in a Python loop)
 is patched the same way, labelled by the line that iterates it, and Keras' ``Model.fit`` gets
-pipeprof's Keras callback added to its callbacks.
+pipeprof's Keras callback added to its callbacks. Lightning's ``Trainer.fit`` and Hugging
+Face's ``Trainer.train`` get pipeprof's callback of that framework (integrations/), which routes
+the trainer's loaders itself: they never reach the run's own ``DataLoader.__iter__`` patch.
 
 A pass of one loader that runs inside a step of another (validation every N training steps) is
 a non-compute region of that step, named after the loader. Two loaders advanced in turn (``zip``)
