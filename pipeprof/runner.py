@@ -20,7 +20,9 @@ it never pays for it) and then patches public seams of its classes:
 A new loader made where an earlier one was (a loader per epoch) continues that loader's loop.
 When ``tensorflow`` is imported, ``tf.data.Dataset.__iter__`` (eager iteration in a Python loop)
 is patched the same way, labelled by the line that iterates it, and Keras' ``Model.fit`` gets
-pipeprof's Keras callback added to its callbacks.
+pipeprof's Keras callback added to its callbacks. Lightning's ``Trainer.fit`` and Hugging
+Face's ``Trainer.train`` get pipeprof's callback of that framework (integrations/), which routes
+the trainer's loaders itself: they never reach the run's own ``DataLoader.__iter__`` patch.
 
 A pass of one loader that runs inside a step of another (validation every N training steps) is
 a non-compute region of that step, named after the loader. Two loaders advanced in turn (``zip``)
@@ -136,7 +138,10 @@ class Run:
     def install(self) -> None:
         """The import hook (and the patches at once if torch is already imported)."""
         patches = (("torch", self._patch_torch), ("tensorflow", self._patch_tf),
-                   ("keras", self._patch_keras))  # fmt: skip
+                   ("keras", self._patch_keras),
+                   ("lightning.pytorch.trainer.trainer", self._patch_lightning),
+                   ("pytorch_lightning.trainer.trainer", self._patch_lightning),
+                   ("transformers.trainer", self._patch_hf))  # fmt: skip
         for name, patch in patches:
             if name in sys.modules:
                 patch()
@@ -308,6 +313,95 @@ class Run:
         self.loaders[id(callback)] = Loader(
             label, site, None, callback, passes=1, callback=callback
         )
+        if self.sample_hz and not self._samplers:
+            from pipeprof.collect.samplers import HostSampler
+
+            self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        return callback
+
+    def _patch_lightning(self) -> None:
+        """Lightning's ``Trainer.fit`` gets pipeprof's callback (NOTE [ Lightning ])."""
+        for name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
+            module = sys.modules.get(name)
+            trainer_cls = getattr(module, "Trainer", None)
+            if trainer_cls is not None and not hasattr(trainer_cls.fit, "_pipeprof"):
+                self._patch_trainer(trainer_cls, "fit", "lightning")
+
+    def _patch_hf(self) -> None:
+        """Hugging Face's ``Trainer.train`` gets pipeprof's callback (NOTE [ Hugging Face
+        Trainer ])."""
+        self._patch_trainer(sys.modules["transformers.trainer"].Trainer, "train", "hf")
+
+    def _patch_trainer(self, trainer_cls: Any, method: str, kind: str) -> None:
+        """``trainer_cls.method`` runs with pipeprof's callback of ``kind`` among its callbacks;
+        its loops are then the callback's, the run's own DataLoader patch never sees them."""
+        run = self
+        orig = getattr(trainer_cls, method)
+
+        @functools.wraps(orig)
+        def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            if run.stopped or run._local.inside or os.getpid() != run.pid:
+                return orig(trainer, *args, **kwargs)
+            callback = run._framework_callback(kind, trainer, method)
+            if callback is None:
+                return orig(trainer, *args, **kwargs)
+            add, remove = _callback_list(kind, trainer)
+            add(callback)
+            try:
+                return orig(trainer, *args, **kwargs)
+            except BaseException:
+                callback.finish(interrupted=True)  # HF has no exception hook
+                raise
+            finally:
+                remove(callback)
+                callback.finish()
+                for key, prof in ((id(callback), callback.loops.train),
+                                  (id(callback.loops), callback.loops.val)):  # fmt: skip
+                    entry = run.loaders.get(key)
+                    if entry is not None and prof.session.loop is not None:
+                        entry.passes = prof.session.loop.epochs
+
+        train._pipeprof = True  # type: ignore[attr-defined]
+        setattr(trainer_cls, method, train)
+        self._undo.append(lambda: setattr(trainer_cls, method, orig))
+
+    def _framework_callback(self, kind: str, trainer: Any, method: str) -> Any:
+        """pipeprof's callback for one ``fit()``/``train()``, registered as this run's loops;
+        None when the trainer has one already (its report is the script's)."""
+        if kind == "lightning":
+            from pipeprof.integrations import lightning as integration
+
+            existing = list(trainer.callbacks)
+            base = next(c for c in type(trainer).__mro__ if c.__name__ == "Trainer")
+            package = base.__module__.split(".")[0]
+            callback_base = (
+                sys.modules["lightning.pytorch"].Callback
+                if package == "lightning"
+                else sys.modules["pytorch_lightning"].Callback
+            )
+            make: Any = integration.callback_class(callback_base)
+            mine: Any = integration.Hooks
+        else:
+            from pipeprof.integrations import hf as integration  # type: ignore[no-redef]
+
+            existing = list(trainer.callback_handler.callbacks)
+            make = mine = integration.PipeprofCallback
+        if any(isinstance(c, mine) for c in existing):
+            self.notes.append(
+                f"{method}() already has pipeprof's callback: its report is the script's"
+            )
+            return None
+        callback = make(sample_hz=0)  # the run samples the host itself
+        frame = sys._getframe(2)
+        site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        label = self._unique(f"Trainer.{method}@{site}")
+        loops = callback.loops
+        loops.train.session.meta["run_loader"] = {"label": label, "site": site}
+        self.loaders[id(callback)] = Loader(label, site, loops.train, callback, passes=1,
+                                            callback=callback)  # fmt: skip
+        val = self._unique(f"{label} validation")
+        loops.val.session.meta["run_loader"] = {"label": val, "site": site}
+        self.loaders[id(loops)] = Loader(val, site, loops.val, loops, nested_in={label})
         if self.sample_hz and not self._samplers:
             from pipeprof.collect.samplers import HostSampler
 
@@ -628,7 +722,7 @@ class Run:
                     ],
                 }  # fmt: skip
                 s.notes.extend(self.notes)
-                if entry.prof is not None and "torch" in sys.modules:
+                if entry.prof is not None and entry.callback is None and "torch" in sys.modules:
                     s.notes.append(self.regions_note(Report(s)))
         return [(e, Report(e.session)) for e in used]
 
@@ -656,6 +750,19 @@ class Run:
                 "(Other)"
             )
         return text
+
+
+def _callback_list(kind: str, trainer: Any) -> tuple[Any, Any]:
+    """How to add a callback to ``trainer`` and take it out again."""
+    if kind == "hf":
+        return trainer.add_callback, trainer.remove_callback
+    callbacks = trainer.callbacks
+
+    def remove(callback: Any) -> None:
+        if callback in callbacks:
+            callbacks.remove(callback)
+
+    return callbacks.append, remove
 
 
 def _remove_hook(hook: Any) -> None:

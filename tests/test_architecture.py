@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent / "pipeprof"
 # the CLI, the Report) sit above all layers and may import any of them.
 ALLOWED = {
     "core": set(),
+    "integrations": {"core", "collect", "analyze", "render", "top"},  # above the layers
     "collect": {"core"},
     "analyze": {"core"},
     "render": {"core"},
