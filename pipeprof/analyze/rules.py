@@ -26,6 +26,7 @@ DOMINANT_SHARE = 0.40  # a leaf stage above this share of pipeline time is calle
 SATURATED_BUSY = 0.85  # workers busier than this cannot go faster without more of them
 IMBALANCE = 1.30  # busiest worker / mean worker
 SLOW_STARTUP = 0.25  # start-up above this share of wall time
+RESTART_SHARE = 0.05  # workers restarted each epoch: what that costs, as a share of the loop
 
 
 _FIXES = {
@@ -156,12 +157,45 @@ def rule_imbalance(report: dict[str, Any], facts: dict[str, Any]) -> Finding | N
 
 
 def rule_slow_startup(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
-    start, wall = report.get("startup_s"), report.get("wall_s")
+    """Workers started again every epoch (``persistent_workers=False``), where that cost the loop
+    at least ``RESTART_SHARE`` of its time: the later epochs' first waits, less what a kept
+    worker still needs for an epoch's first batch (one batch of its own work), is what
+    ``persistent_workers=True`` saves, and the finding says so. A first epoch's start-up is
+    paid with or without it: where only that is slow (one pass seen), a hint, no promise."""
     meta = report.get("meta", {})
-    if not start or not wall or start / wall < SLOW_STARTUP or not meta.get("num_workers"):
+    if not meta.get("num_workers"):
+        return None
+    loop, wall = report.get("loop") or {}, report.get("wall_s")
+    epochs = loop.get("epochs") or 1
+    if loop and epochs >= 2 and not meta.get("persistent_workers"):
+        later = max(0.0, (loop.get("startup_wait_s") or 0.0) - (loop.get("startup_s") or 0.0))
+        ws = [w for w in facts["workers"] if w.get("batches")]
+        batch_s = sum(w["busy_s"] / w["batches"] for w in ws) / len(ws) if ws else 0.0
+        gain = max(0.0, later - (epochs - 1) * batch_s)
+        loop_s = loop.get("wall_s") or wall or 0.0
+        if not loop_s or gain / loop_s < RESTART_SHARE:
+            return None
+        return finding(
+            "slow-startup",
+            "warning" if gain / loop_s >= 0.2 else "info",
+            None,
+            f"epochs 2-{epochs} waited {later / (epochs - 1):.2f} s each for their first batch "
+            f"({later:.2f} s, {later / loop_s:.0%} of the loop): the workers are started again "
+            "every epoch",
+            {"later_startups_s": round(later, 6), "epochs": epochs,
+             "first_batch_s": round(batch_s, 6), "gain_s": round(gain, 6),
+             "gain_fraction": round(gain / loop_s, 4), "loop_s": loop_s},
+            f"DataLoader(persistent_workers=True) keeps the workers between epochs: about "
+            f"{gain:.2f} s ({gain / loop_s:.0%} of the loop) to save over these {epochs} epochs, "
+            f"as a kept worker still makes each epoch's first batch ({batch_s * 1e3:.0f} ms)",
+        )
+    start = report.get("startup_s")
+    if not start or not wall or start / wall < SLOW_STARTUP:
         return None
     fix = (
-        "persistent_workers=True keeps workers alive across epochs, paying this once"
+        "worth trying, not measured: if the job runs several epochs, "
+        "DataLoader(persistent_workers=True) pays the workers' start once (this profile saw "
+        "one pass); the first epoch's start-up stays"
         if not meta.get("persistent_workers")
         else "start-up is a one-off; profile more batches to see the steady state"
     )
