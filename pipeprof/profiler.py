@@ -149,6 +149,7 @@ class Profiler:
                 "continuous run (put every epoch inside one `with prof:`), or create a new "
                 "pipeprof.Profiler() for another run"
             )
+        cpu0 = time.thread_time_ns()  # this thread's CPU in start() and stop(): costs["control_ns"]
         s = self.session
         s.meta["rank"] = ranks.current().to_dict()
         s.start_ns = clock()
@@ -163,11 +164,13 @@ class Profiler:
             from pipeprof.collect.samplers import HostSampler
 
             self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        s.add_cost("control_ns", time.thread_time_ns() - cpu0)
         return self
 
     def stop(self, interrupted: bool = False) -> None:
         if not self._running:
             return
+        cpu0 = time.thread_time_ns()
         self._running = False
         if self._ranges is not None:
             from pipeprof.collect import ranges
@@ -192,6 +195,7 @@ class Profiler:
         if payload["events"]:
             s.merge(payload)
         s.settle()
+        s.add_cost("control_ns", time.thread_time_ns() - cpu0)
         if self.stream:
             self._save_stream()
 
@@ -292,10 +296,12 @@ class Profiler:
         handed = 0  # when the last batch went to the user (0: none yet)
         cpu_handed = 0  # the process's CPU time then (NOTE [ CPU training shares the cores ])
         gpu_start: Any = None
+        own_ns = 0  # this thread's CPU in the generator between the user's parts: loop_ns
         try:
             while True:
                 if handed:  # the step's compute ends; pipeprof's bookkeeping is in no part
                     t_end = clock()
+                    own_ns -= time.thread_time_ns()  # CPU, not wall: the workers preempt us
                     if depth:
                         nv.pop()
                         depth = 0
@@ -307,6 +313,8 @@ class Profiler:
                 if nv_wait:
                     nv.open("wait")
                     depth = 1
+                if handed:
+                    own_ns += time.thread_time_ns()
                 t_req = clock()
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
@@ -316,6 +324,7 @@ class Profiler:
                     handed = 0
                     return
                 t_got = clock()
+                own_ns -= time.thread_time_ns()
                 if nv_wait:
                     nv.pop()
                     depth = 0
@@ -333,9 +342,11 @@ class Profiler:
                 if nv is not None:
                     nv.open("compute")
                     depth = 1
+                own_ns += time.thread_time_ns()
                 handed = clock()
                 yield batch
         finally:
+            self.session.add_cost("loop_ns", max(0, own_ns))  # < 0: an exception mid-step
             if handed:
                 self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                 t_end = clock()

@@ -170,7 +170,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     in core/recorder.py) plus the packing of their records, measured per batch (``pack_s``);
     where no batch was probed (tf.data, older files), ``events`` times the cost calibrated with
     warm caches (``per_event_ns``: open, close, packing). Measured: the bookkeeping on the
-    loop's thread inside ``next()`` (``main_s``), folding the records (``settle_s``), the
+    loop's thread inside ``next()`` (``main_s``), between the loop's steps (``loop_s``, its CPU)
+    and in ``Profiler.start``/``stop`` (``control_s``), folding the records (``settle_s``), the
     sampler threads (``sampler_s``) and building the profiled twin of a loader (``setup_s``).
     ``estimated_fraction`` is their sum over the CPU time of the profiled processes (main and
     workers) when known."""
@@ -184,12 +185,14 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     else:
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
     main_s = costs.get("main_ns", 0) / 1e9
+    loop_s = costs.get("loop_ns", 0) / 1e9
+    control_s = costs.get("control_ns", 0) / 1e9  # Profiler.start() and stop()
     settle_s = costs.get("settle_ns", 0) / 1e9
     sampler_s = costs.get("sampler_ns", 0) / 1e9
     # the samplers' start (priming, the first sample) is once a run: not what sample_hz scales
     steady_sampler_s = max(0.0, sampler_s - costs.get("sampler_first_ns", 0) / 1e9)
     setup_s = costs.get("setup_ns", 0) / 1e9
-    cost_s = regions_s + main_s + settle_s + sampler_s + setup_s
+    cost_s = regions_s + main_s + loop_s + control_s + settle_s + sampler_s + setup_s
     stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
     main_cpu = session.meta.get("main_cpu_ns")
     if isinstance(main_cpu, int) and main_cpu > 0:
@@ -210,6 +213,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "sampler_cores": round(steady_sampler_s / wall_s, 6) if wall_s > 0 else None,
         "regions_s": round(regions_s, 6),
         "main_s": round(main_s, 6),
+        "loop_s": round(loop_s, 6),
+        "control_s": round(control_s, 6),
         "settle_s": round(settle_s, 6),
         "sampler_s": round(sampler_s, 6),
         "setup_s": round(setup_s, 6),

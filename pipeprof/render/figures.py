@@ -131,7 +131,9 @@ def overhead_line(data: dict[str, Any]) -> str:
             parts.append(f"packing records {num(o['pack_s'] * 1e3)} ms")
     else:  # the calibrated cost holds the packing
         parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
-    for key, what in (("main_s", "bookkeeping in next()"), ("settle_s", "folding records"),
+    for key, what in (("main_s", "bookkeeping in next()"), ("loop_s", "between steps"),
+                      ("control_s", "start and stop"),
+                      ("settle_s", "folding records"),
                       ("sampler_s", "samplers"), ("setup_s", "set-up")):  # fmt: skip
         if o.get(key):
             parts.append(f"{what} {num(o[key] * 1e3)} ms")
