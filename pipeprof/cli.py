@@ -62,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="one job report from the per-rank reports of a "
                        "distributed run: pipeprof merge run.rank*.json -o job.json")  # fmt: skip
     m.add_argument("files", nargs="+", help="the reports each rank wrote (run.rank0.json ...)")
-    m.add_argument("--format", choices=("text", "json", "html"), default=None,
-                   help="output format (default: from -o's extension, else text)")  # fmt: skip
+    m.add_argument("--format", choices=("text", "json", "html", "chrome"), default=None,
+                   help="output format (default: from -o's extension, else text); chrome: one "
+                   "Perfetto trace of every rank")  # fmt: skip
     m.add_argument("-o", "--output", default=None, help="write here instead of standard output")
     _bench_parser(sub)
     sub.add_parser(
@@ -313,7 +314,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from pipeprof.report import merge
 
-    fmt = _format(args, ("text", "json", "html"))
+    fmt = _format(args, ("text", "json", "html", "chrome"))
     if args.output:
         _check_writable(args.output)
     job = merge(args.files)

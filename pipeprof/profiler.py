@@ -152,6 +152,7 @@ class Profiler:
         cpu0 = time.thread_time_ns()  # this thread's CPU in start() and stop(): costs["control_ns"]
         s = self.session
         s.meta["rank"] = ranks.current().to_dict()
+        s.started_at = time.time()  # the wall clock at start_ns: a job's ranks line up by it
         s.start_ns = clock()
         self._cpu0 = time.process_time_ns()
         self._last_flush = time.monotonic()

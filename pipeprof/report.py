@@ -194,6 +194,25 @@ class Job(_Rendered):
     def stragglers(self) -> list[dict[str, Any]]:
         return [dict(s) for s in self._data["stragglers"]]
 
+    def __init__(self, data: dict[str, Any], ranks: list[Report] | None = None) -> None:
+        super().__init__(data)
+        self._ranks = ranks or []  # the ranks' reports, where made from them: for the trace
+
+    def render(self, fmt: str = "text", **options: Any) -> str:
+        """``text`` (80 columns), ``json``, ``html``, or ``chrome``: one Chrome/Perfetto trace
+        of every rank (a process per rank's main and workers, clocks aligned), from the ranks'
+        reports (``pipeprof.merge`` of files or Reports)."""
+        if fmt != "chrome":
+            return super().render(fmt, **options)
+        if not self._ranks:
+            raise ValueError("a job trace needs the ranks' reports: pipeprof.merge(files)")
+        from pipeprof.render.chrome import job_trace
+
+        ranks = [(int(r.to_dict()["meta"]["rank"]["rank"]), str(r.to_dict()["meta"]["rank"].get(
+            "host") or ""), r.to_dict(), r.session) for r in self._ranks]  # fmt: skip
+        return json.dumps(job_trace(sorted(ranks, key=lambda x: x[0])), indent=options.get(
+            "indent"))  # fmt: skip
+
     def __repr__(self) -> str:
         return f"<pipeprof.Job {self._data['headline']}>"
 
@@ -206,8 +225,10 @@ def merge(ranks: Iterable[Report | str | os.PathLike[str]]) -> Job:
     from pipeprof.analyze.job import job_dict
 
     named: list[tuple[str, dict[str, Any]]] = []
+    reports: list[Report] = []
     for i, item in enumerate(ranks):
         report = item if isinstance(item, Report) else Report.load(item)
         name = str(item) if not isinstance(item, Report) else f"report #{i + 1}"
         named.append((name, {**report.to_dict(), "started_at": report.session.started_at}))
-    return Job(job_dict(named))
+        reports.append(report)
+    return Job(job_dict(named), reports)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -91,6 +92,25 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     assert rank[0]["comm_fraction"] == pytest.approx(extra, abs=0.06)
     assert rank[1]["comm_fraction"] < 0.1
     assert 0 < job["efficiency"]["parallel"] < 0.5 and job["what_if"]["speedup"] > 1.5
+    # one Perfetto trace of the job: each rank's processes, clocks aligned. A DDP all-reduce
+    # ends on both ranks at once, so the ranks' Comm spans end together on the trace's clock
+    traced = subprocess.run(
+        [sys.executable, "-m", "pipeprof", "merge", "run.rank0.json", "run.rank1.json",
+         "-o", "job.trace.json"], capture_output=True, text=True, cwd=tmp_path, env=env(),
+        timeout=60,
+    )  # fmt: skip
+    assert traced.returncode == 0, traced.stderr
+    trace = load(tmp_path / "job.trace.json")
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
+    assert any(n.startswith("rank 0 · main process") for n in names)
+    assert any(n.startswith("rank 1 · main process") for n in names)
+    ends: dict[int, list[float]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["name"] == "Comm":
+            ends.setdefault(e["pid"] // 10_000_000, []).append(e["ts"] + e["dur"])
+    assert len(ends[1]) == len(ends[2]) == 2 * rank[0]["steps"]
+    apart = [abs(a - b) for a, b in zip(sorted(ends[1]), sorted(ends[2]))]
+    assert statistics.median(apart) < 2000, apart  # µs: 0.1 ms seen
     for r in (0, 1):
         report = load(tmp_path / f"run.rank{r}.json")
         assert report["meta"]["rank"]["rank"] == r and report["meta"]["rank"]["world_size"] == 2
@@ -183,6 +203,27 @@ def test_merge_of_real_rank_files_and_a_missing_rank(tmp_path, monkeypatch):
     eff = job["efficiency"]
     assert eff["parallel"] == pytest.approx(eff["load_balance"] * eff["communication"], abs=1e-3)
     assert "rank 2 waits" in job.render("text") and "<svg" in job.render("html")
+
+
+def test_the_job_trace_puts_each_rank_on_the_wall_clock(tmp_path, monkeypatch):
+    """Rank 1 profiled after rank 0 (one after the other, here): on the job trace's clock its
+    spans come after rank 0's, by the time between the two runs."""
+    a = _rank_file(tmp_path, monkeypatch, 0, 2)
+    time.sleep(0.2)
+    b = _rank_file(tmp_path, monkeypatch, 1, 2)
+    trace = json.loads(pipeprof.merge([a, b]).render("chrome"))
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            spans.setdefault(e["pid"] // 10_000_000, []).append((e["ts"], e["ts"] + e["dur"]))
+    end0 = max(t1 for _, t1 in spans[1])
+    start1 = min(t0 for t0, _ in spans[2])
+    gap_s = (pipeprof.load(b).session.started_at - pipeprof.load(a).session.started_at)
+    assert start1 > end0 + 0.19e6  # µs: the 0.2 s sleep between them
+    assert min(t0 for t0, _ in spans[1]) >= 0
+    assert start1 == pytest.approx(gap_s * 1e6, abs=0.05e6)
+    with pytest.raises(ValueError, match="needs the ranks' reports"):
+        pipeprof.report.Job(pipeprof.merge([a, b]).to_dict()).render("chrome")
 
 
 def test_merge_refuses_files_that_are_not_one_job(tmp_path, monkeypatch):
