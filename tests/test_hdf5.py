@@ -197,6 +197,31 @@ def test_a_bad_chunk_layout_gives_the_amplification_finding_and_rechunking_pays(
     assert slow > 10 * fast, (slow, fast)
 
 
+def test_the_first_epoch_s_reads_are_kept_apart_from_later_ones(tmp_path):
+    """Three epochs of a training loop: the rows give the first epoch's ms per read and the
+    later epochs', each from its own reads (a third of them the first epoch's)."""
+    path = tmp_path / "e.h5"
+    write(path, "x", field(32, 64, 64), chunks=(1, 64, 64), compression="gzip")
+    loader = DataLoader(LazyH5(path), batch_size=8)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in range(3):
+            for _ in prof.wrap(loader):
+                pass
+    report = prof.report()
+    e = report.session.h5
+    (entry,) = e.values()
+    assert entry["reads"] == 96 and entry["later"]["reads"] == 64
+    row = h5_rows(report)["/x"]
+    first_ns = entry["read_ns"] - entry["later"]["read_ns"]
+    assert row["first_epoch_read_ms"] == pytest.approx(first_ns / 32 / 1e6, rel=1e-4)
+    assert row["later_read_ms"] == pytest.approx(entry["later"]["read_ns"] / 64 / 1e6, rel=1e-4)
+    line = f"e.h5:/x: first epoch {num(row['first_epoch_read_ms'])} ms a read, later epochs"
+    assert line in report.render("text") and line in report.render("html")
+    # one pass: no split
+    assert h5_rows(pipeprof.profile(loader))["/x"]["first_epoch_read_ms"] is None
+
+
 def test_unfiltered_chunks_larger_than_the_cache_are_not_amplified(tmp_path):
     """HDF5 reads only the selected part of an unfiltered chunk that does not fit the chunk
     cache: the decoded figure is there, but no finding claims the bytes are read."""

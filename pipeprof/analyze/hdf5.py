@@ -58,9 +58,26 @@ def _row(e: dict[str, Any]) -> dict[str, Any]:
         "stored_estimated_fraction": round(e["stored_estimated"] / e["chunks"], 4)
         if chunked and e.get("chunks")
         else None,
+        **_cold_warm(e, reads),
         "unparsed_reads": int(e.get("unparsed") or 0),
         "cost_us_per_read": round((e.get("cost_ns") or 0) / reads / 1e3, 3) if reads else None,
         "note": note,
+    }
+
+
+def _cold_warm(e: dict[str, Any], reads: int) -> dict[str, Any]:
+    """The first epoch's reads against later epochs' (loop mode, several epochs), ms per read
+    each: a first epoch much slower than the later ones read from storage what later epochs
+    found in a cache (the OS page cache, HDF5's chunk cache). None where not seen."""
+    later = e.get("later") or {}
+    n_later = int(later.get("reads") or 0)
+    n_first = reads - n_later
+    if not n_later or n_first <= 0:
+        return {"first_epoch_read_ms": None, "later_read_ms": None}
+    first_ms = ((e.get("read_ns") or 0) - (later.get("read_ns") or 0)) / n_first / 1e6
+    return {
+        "first_epoch_read_ms": round(first_ms, 6),
+        "later_read_ms": round((later.get("read_ns") or 0) / n_later / 1e6, 6),
     }
 
 

@@ -198,6 +198,9 @@ class Session:
     def merge(self, payload: dict[str, Any]) -> None:
         """Queue a recorder drain (``Recorder.drain``) for ``settle`` (NOTE [ Deferred
         aggregation ]): what the training loop's thread pays per batch is this append."""
+        extra = payload.get("counts")
+        if extra and "h5" in extra and self.loop is not None and self.loop.epochs > 1:
+            payload["later_epoch"] = True  # h5py reads after the first epoch (analyze/hdf5.py)
         self._pending.append(payload)
         self._queued += payload["events"]
         if self._queued - self._folded >= SETTLE_EVENTS and self._settler is None:
@@ -241,6 +244,10 @@ class Session:
             extra = payload.get("counts")
             if extra and "h5" in extra:
                 merge_counts(self.h5, extra["h5"])
+                if payload.get("later_epoch"):  # cold vs warm: later epochs' reads apart
+                    merge_counts(self.h5, {name: {"later": {"reads": e.get("reads", 0),
+                                                            "read_ns": e.get("read_ns", 0)}}
+                                           for name, e in extra["h5"].items()})  # fmt: skip
         fold: list[tuple[str, str, Any, Any]] = []
         for (track, path), packed in by_path.items():
             stat, starts, durs = aggregate(packed)

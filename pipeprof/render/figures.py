@@ -170,6 +170,18 @@ def h5_table(data: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def h5_epochs(data: dict[str, Any]) -> list[str]:
+    """A line per h5py dataset read in several epochs: the first epoch's ms per read against
+    later epochs' (a cold cache shows as a slower first epoch)."""
+    return [
+        f"{os.path.basename(str(r.get('file') or ''))}:{r.get('dataset')}: "
+        f"first epoch {num(r['first_epoch_read_ms'])} ms a read, later epochs "
+        f"{num(r['later_read_ms'])} ms"
+        for r in data.get("hdf5") or []
+        if r.get("first_epoch_read_ms") is not None
+    ]
+
+
 def top_total(stages: dict[str, dict[str, Any]]) -> float:
     """Seconds of all top-level stages together: the pipeline's time."""
     return sum(r["total_s"] for p, r in stages.items() if "/" not in p) or 0.0

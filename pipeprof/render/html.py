@@ -17,6 +17,7 @@ from pipeprof.render.figures import (
     batch_waits,
     coverage,
     gpu_devices,
+    h5_epochs,
     h5_table,
     headline,
     limiting_stages,
@@ -227,7 +228,10 @@ def body(data: dict[str, Any]) -> str:
         body_rows = "".join(
             "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>" for cells in h5
         )
-        parts.append(f'<h2>HDF5 reads</h2><table class="hdf5"><tr>{head}</tr>{body_rows}</table>')
+        epochs = "".join(f'<p class="dim">{escape(line)}</p>' for line in h5_epochs(data))
+        parts.append(
+            f'<h2>HDF5 reads</h2><table class="hdf5"><tr>{head}</tr>{body_rows}</table>{epochs}'
+        )
     if data.get("workers"):
         ratio = balance(data)
         note = f'<p class="dim">busiest worker {ratio:.2f}× the mean</p>' if ratio else ""

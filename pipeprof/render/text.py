@@ -27,6 +27,7 @@ from pipeprof.render.figures import (
     balance,
     coverage,
     gpu_devices,
+    h5_epochs,
     h5_table,
     headline,
     limiting_stages,
@@ -224,7 +225,8 @@ def h5table(data: dict[str, Any]) -> RenderableType | None:
                      min_width=10 if first else None, overflow="fold")  # fmt: skip
     for cells in rows:
         t.add_row(*cells)
-    return t
+    epochs = h5_epochs(data)
+    return Group(t, Text("\n".join(epochs), style="dim")) if epochs else t
 
 
 def workertable(data: dict[str, Any]) -> RenderableType | None:
