@@ -281,13 +281,15 @@ def _experiment_id(client: Any, name: str | None) -> str:
 def to_wandb(report: Exportable, run: Any = None, **init: Any) -> str:
     """Summary metrics, per-step curves (against ``pipeprof/step``), config and the HTML report
     (``pipeprof/report``) in ``run``, else the active run (``wandb.run``), else a new run made
-    by ``wandb.init(project="pipeprof", **init)``, which it finishes; returns the run's id.
+    by ``wandb.init(**init)`` (project: ``WANDB_PROJECT``, else ``pipeprof``), which it
+    finishes; returns the run's id.
     W&B's own settings apply (``WANDB_MODE=offline``, or ``mode="offline"`` here)."""
     wandb = _need("wandb")
     data = report.to_dict()
     own = run is None and wandb.run is None
     if run is None:
-        run = wandb.run or wandb.init(**{"project": "pipeprof", "job_type": "pipeprof", **init})
+        project = os.environ.get("WANDB_PROJECT") or "pipeprof"
+        run = wandb.run or wandb.init(**{"project": project, "job_type": "pipeprof", **init})
     failed = True
     try:
         run.config.update(params(data), allow_val_change=True)
