@@ -99,6 +99,10 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="also emit stages (in the workers too), wait / transfer / compute and "
                    "the regions as NVTX ranges for Nsight Systems (pip install "
                    "'pipeprof[nvtx]'; run under nsys profile)")  # fmt: skip
+    p.add_argument("--log-to", action="append", default=[], type=_log_target,
+                   metavar="TOOL[:WHERE]", help="also log the main loop's report to "
+                   "tensorboard[:LOG_DIR], mlflow[:TRACKING_URI] or wandb[:PROJECT]; repeatable "
+                   "(docs/integrations.md)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--all-ranks", action="store_true",
                    help="in a distributed job, every rank prints its summary (default: rank 0 "
@@ -107,7 +111,25 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 # options that take a value: the script starts after it
-_RUN_VALUED = {"-o", "--out", "--html", "--trace", "--batches", "--sample-hz"}
+_RUN_VALUED = {"-o", "--out", "--html", "--trace", "--batches", "--sample-hz", "--log-to"}
+_LOG_OPTION = {"tensorboard": "log_dir", "mlflow": "tracking_uri", "wandb": "project"}
+
+
+def _log_target(text: str) -> tuple[str, dict[str, str]]:
+    """``tool[:where]`` of --log-to, refused now if the tool is unknown or not installed."""
+    from pipeprof.integrations.export import MissingExtra, check
+
+    tool, _, where = text.partition(":")
+    if tool not in _LOG_OPTION:
+        raise argparse.ArgumentTypeError(
+            f"expected tensorboard[:LOG_DIR], mlflow[:TRACKING_URI] or wandb[:PROJECT], got "
+            f"{text!r}"
+        )
+    try:
+        check(tool)
+    except MissingExtra as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return tool, {_LOG_OPTION[tool]: where} if where else {}
 
 
 def _split_run(argv: list[str]) -> tuple[list[str], str | None, bool, list[str]]:
@@ -495,6 +517,7 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: 
         with _naming(opts.trace):
             Path(opts.trace).write_text(main.render("chrome"), encoding="utf-8")
     rank = opts.rank
+    logged = _log_report(main, opts.log_to) if rank.rank == 0 else []
     if opts.quiet or (rank.rank != 0 and not opts.all_ranks):
         return
     if rank.distributed:
@@ -506,6 +529,8 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: 
     for path in (opts.html, opts.trace):
         if path:
             err.print(f"written: {Path(path).resolve()}", markup=False, highlight=False)
+    for line in logged:
+        err.print(line, markup=False, highlight=False)
     if rank.distributed and rank.rank == 0 and not gather:
         every = Path(opts.out).name.replace(".rank0", ".rank*")
         err.print(
@@ -513,6 +538,20 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: 
             f"{Path(opts.out).parent / every} -o job.json (docs/distributed.md)",
             markup=False, highlight=False,
         )  # fmt: skip
+
+
+def _log_report(report: Report, targets: list[tuple[str, dict[str, str]]]) -> list[str]:
+    """Log ``report`` to each --log-to tool; one line per tool logged to. A tool that fails
+    says why, and the script's exit status stays its own."""
+    lines = []
+    for tool, options in targets:
+        try:
+            where = report.log_to(tool, **options)
+        except Exception as exc:
+            _error(f"the report could not be logged to {tool} ({type(exc).__name__}: {exc})")
+        else:
+            lines.append(f"logged to {tool}: {where}")
+    return lines
 
 
 def _slug(label: str) -> str:

@@ -77,6 +77,17 @@ class Report(Result):
 
         return summary(self._data)
 
+    def log_to(self, target: str, **options: Any) -> str:
+        """Log the report's metrics (``pipeprof/wait_fraction``, ... and per-step curves),
+        params and summary to ``"tensorboard"`` (``log_dir=``; returns it), ``"mlflow"``
+        (``tracking_uri=``, ``run_id=``, ``experiment=``: the active run, else a new one;
+        returns the run's id) or ``"wandb"`` (``run=`` or ``wandb.init`` options: the active
+        run, else a new one; returns the run's id). The tool is imported now; a missing one
+        raises ImportError naming the extra. Names and options: docs/integrations.md."""
+        from pipeprof.integrations.export import log_to
+
+        return log_to(self, target, **options)
+
     def compare(self, other: Report) -> Comparison:
         """This report (before) against ``other`` (after): per stage, for the loop, and how the
         verdict changed. The Comparison shows itself like a Report; ``to_dict()`` gives data."""

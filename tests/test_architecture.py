@@ -62,6 +62,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 
 def layer(name: str) -> str:
     parts = name.split(".")
+    if parts[1:2] == ["integrations"]:  # above every layer, like keras.py (docs/architecture.md)
+        return TOP
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else TOP
 
 

@@ -258,7 +258,15 @@ def timeline(session: Session) -> dict[str, Any] | None:
         ]
         for r in ring[::stride]
     ]
-    out: dict[str, Any] = {"steps": steps, "gpu": None, "cpu": None}
+    # row i is the loop's step first_step + i * stride (0-based; the ring keeps the latest steps)
+    first = session.loop.steps - len(ring) if session.loop else 0
+    out: dict[str, Any] = {
+        "steps": steps,
+        "first_step": first,
+        "stride": stride,
+        "gpu": None,
+        "cpu": None,
+    }
     gtl = (session.gpu or {}).get("timeline") or {}
     if gtl.get("t_ns"):
         out["gpu"] = {
