@@ -2,7 +2,8 @@
 
 Each case trains a tiny model on data that costs nothing (no workers, a 16-sample batch of an
 8-vector for Lightning, 8 fake 8-token sequences for a 1-layer BERT built from a config for the
-Hugging Face Trainer), ``--steps`` steps, with and without pipeprof's callback. Rounds are
+Hugging Face Trainer, a 2-layer MLP on a batched tf.data dataset for Keras ``fit()``), ``--steps``
+steps, with and without pipeprof's callback. Rounds are
 interleaved (plain, profiled, plain, ...), so a noisy neighbour slows both alike; the figure is
 the median over rounds of the training call's wall time divided by its steps.
 
@@ -119,6 +120,34 @@ def hf_case(steps: int) -> Callable[[bool], float]:
     return run
 
 
+def keras_case(steps: int) -> Callable[[bool], float]:
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import pipeprof.keras
+
+    x = np.random.default_rng(0).standard_normal((16 * steps, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+    def run(profiled: bool) -> float:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(2)])  # fmt: skip
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        cb = [pipeprof.keras.ProfilerCallback(data)] if profiled else []
+        model.fit(data.take(2), epochs=1, verbose=0)  # compiles the train function: not timed
+        t0 = time.perf_counter()
+        model.fit(data, epochs=1, verbose=0, callbacks=cb)
+        return (time.perf_counter() - t0) / steps
+
+    return run
+
+
 def logging_off() -> None:
     import logging
 
@@ -145,11 +174,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--only", choices=["lightning", "hf"], default=None)
+    ap.add_argument("--only", choices=["lightning", "hf", "keras"], default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cases = {"lightning": lightning_case, "hf": hf_case}
+    cases = {"lightning": lightning_case, "hf": hf_case, "keras": keras_case}
     results = {}
     for name, make in cases.items():
         if args.only not in (None, name):
