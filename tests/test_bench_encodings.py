@@ -218,7 +218,7 @@ def test_cli_bench_encodings(tmp_path, jpegs):
 
 # The prediction for a switched encoding against a real run with it; see docs/bench.md
 # ("Storage encodings", validation) for the spread on the 2-core development VM and why.
-MEDIAN_BOUND = 0.35  # median of 3 runs, prediction vs measured
+MEDIAN_BOUND = 0.45  # median of 3 runs, prediction vs measured (stand-alone CPU drifts)
 RUN_CPU_BOUND = 0.10  # the same, with the CPU the workers really used (the model alone)
 
 
@@ -230,7 +230,9 @@ def test_presized_jpeg_prediction_against_a_real_loader(tmp_path):
     row = next(r for r in e["rows"] if r.get("presize"))
     assert row["presize"] == 147
     assert row["transform_ms"] < 0.9 * e["rows"][0]["transform_ms"]  # the crop has less to do
-    convert_folder(root, tmp_path / "small", Codec("jpeg", 90, presize=147))
+    assert row["codec"] == {"kind": "jpeg", "quality": 90, "presize": 147, "compression": None,
+                            "per_chunk": 1}  # fmt: skip
+    convert_folder(root, tmp_path / "small", Codec(**row["codec"]))
     small = datasets.ImageFolder(str(tmp_path / "small"), transform=chain(128))
     model = replace(e.models[row["encoding"]], cores=float(e.bench.cores), background=0.0)
     errors, run_cpu = [], []

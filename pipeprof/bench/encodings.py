@@ -17,12 +17,13 @@ Presized images change what the transforms do too: they are timed again on the p
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 from pipeprof.analyze import whatif
@@ -35,7 +36,14 @@ from pipeprof.bench.codecs import (
     refuses,
     write,
 )
-from pipeprof.bench.isolation import StageResult, one_thread, run_chain, time_calls
+from pipeprof.bench.isolation import (
+    StageResult,
+    _passes,
+    gil_share,
+    one_thread,
+    run_chain,
+    time_calls,
+)
 from pipeprof.bench.sources import pick
 from pipeprof.bench.storage import Captured, Current, as_array, capture
 from pipeprof.core.detect import is_torch_loader
@@ -182,18 +190,23 @@ def _candidate(
     how: str,
 ) -> tuple[dict[str, Any], whatif.Model]:
     """A candidate's row: its read timed, the model with it (see NOTE [ Encoding what-if ])."""
-    res = StageResult("read")
-    outs = time_calls(res, store.reader, list(enumerate(store.keys)), *timing)
+    keys = list(enumerate(store.keys))
+    res, then, outs = _paired(got.current, store.reader, keys, timing)
     load = next(s for s in b.model.stages if s.path == "load")
-    wall = max(0.0, load.wall_ms - now[0] + res.wall_ms)
-    cpu = max(0.0, load.cpu_ms - now[1] + res.cpu_ms)
+    base = (then.wall_ms, then.cpu_ms) if then is not None else now[:2]
+    wall = max(0.0, load.wall_ms - base[0] + res.wall_ms)
+    cpu = max(0.0, load.cpu_ms - base[1] + res.cpu_ms)
     stages = [s for s in b.model.stages if not s.path.startswith("load")]
     stages.append(whatif.StageCost("load", wall, cpu))
     if codec.presize and got.steps:  # the transforms get smaller images: time them again
-        results, _ = run_chain(got.steps, outs, *timing)
-        redone = {r.path: r for r in results if r.stat.count}
-        stages = [whatif.StageCost(s.path, redone[s.path].wall_ms, redone[s.path].cpu_ms)
-                  if s.path in redone else s for s in stages]  # fmt: skip
+        before, _ = run_chain(got.steps, [(i, got.like(a)) for i, a in enumerate(got.arrays)],
+                              *timing)  # fmt: skip
+        after, _ = run_chain(got.steps, outs, *timing)
+        delta = {a.path: (a.wall_ms - z.wall_ms, a.cpu_ms - z.cpu_ms)
+                 for a, z in zip(after, before) if a.stat.count and z.stat.count}  # fmt: skip
+        stages = [replace(s, wall_ms=max(0.0, s.wall_ms + delta[s.path][0]),
+                          cpu_ms=max(0.0, s.cpu_ms + delta[s.path][1]))
+                  if s.path in delta else s for s in stages]  # fmt: skip
     model = replace(b.model, stages=tuple(stages))
     per = store.bytes_total / len(store.keys)
     row = _row(codec.name, False, model, k, (res.wall_ms, res.cpu_ms, res.gil), per, codec)
@@ -201,6 +214,30 @@ def _candidate(
     if codec.presize:
         row["presize_basis"] = how
     return row, model
+
+
+def _paired(
+    cur: Current, reader: Callable[[Any], Any], keys: list[tuple[int, Any]], timing: tuple[int, ...]
+) -> tuple[StageResult, StageResult | None, list[tuple[int, Any]]]:
+    """A candidate's read timed pass by pass in turn with the current one (None: no current
+    read to time), so that a machine running faster or slower for a few seconds (a shared VM
+    drifts by ±25 %) moves both alike; the candidate's outputs of its first pass."""
+    repeat, warmup, seed = timing
+    new = StageResult("read")
+    now = StageResult("read") if cur.reader is not None else None
+    pairs = [(new, reader, keys)]
+    if now is not None and cur.reader is not None:
+        pairs.insert(0, (now, cur.reader, list(enumerate(cur.keys))))
+    for _, fn, xs in pairs:
+        for _, x in xs[:warmup]:
+            with contextlib.suppress(Exception):  # reported by the timed passes
+                fn(x)
+    outs: list[tuple[int, Any]] = []
+    for r in range(repeat):
+        for res, fn, xs in pairs:
+            _passes(res, fn, xs, 1, seed, outs if r == 0 and res is new else [])
+    new.gil = gil_share(reader, [x for _, x in keys])
+    return new, now, outs
 
 
 def _quality(codec: Codec, arrays: list[Any], outs: list[tuple[int, Any]]) -> str:
@@ -240,6 +277,7 @@ def _row(
         "predicted_samples_per_s": _r(solved["samples_per_s"], 3),
         "limit": solved["limit"],
         "presize": codec.presize if codec else None,
+        "codec": asdict(codec) if codec else None,  # Codec(**row["codec"]) writes it again
     }
 
 
