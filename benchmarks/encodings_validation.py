@@ -3,6 +3,7 @@ against a real DataLoader run over the dataset written in it.
 
     .venv/bin/python benchmarks/encodings_validation.py                 # 3 rounds, ~1 minute
     .venv/bin/python benchmarks/encodings_validation.py --rounds 5 --json enc.json
+    ENC_WORKERS=1 .venv/bin/python benchmarks/encodings_validation.py   # at 1 worker
 
 An ImageFolder of photo-like JPEGs (``pipeprof.demo.make_images``, 320×320, quality 90) with
 RandomResizedCrop(128), flip and ToTensor, batches of 16. ``bench_encodings`` predicts the
@@ -11,7 +12,11 @@ then written presized (``convert_folder``, the row's codec) and as raw ``.npy`` 
 real DataLoader with 2 workers runs over each (``pipeprof.bench.scaling.run_loader``: steady
 samples/s after every worker's first batch). "model" re-predicts each run for the cores other
 programs used during it, as ``pipeprof.bench``'s scaling table does; "predict" is the figure
-``bench_encodings`` printed. Error = predicted / measured - 1.
+``bench_encodings`` printed. Error = predicted / measured - 1. "run CPU" is the model fed the CPU
+per batch the workers really used in the run (the scaling model alone, apart from how far the
+stand-alone costs drift on a shared VM); "gain error" compares the predicted gain over the
+current files (rate with the encoding ÷ rate with the files) with the measured one, runs back to
+back, which cancels the drift the two share.
 """
 
 from __future__ import annotations
@@ -95,8 +100,7 @@ def one_round(root: str, tmp: str, samples: int, seconds: float) -> list[dict[st
     e = pipeprof.bench_encodings(ds, samples=samples, workers=WORKERS, batch_size=BATCH)
     print(e.render("text", width=120))
     sized = next(r for r in e.rows if r.get("presize"))
-    codec = Codec("jpeg", int(sized["encoding"].split("q")[1].split(",")[0]),
-                  presize=sized["presize"])  # fmt: skip
+    codec = Codec(**sized["codec"])
     small = os.path.join(tmp, f"presized-{os.getpid()}")
     if not os.path.isdir(small):
         convert_folder(root, small, codec)
@@ -106,6 +110,10 @@ def one_round(root: str, tmp: str, samples: int, seconds: float) -> list[dict[st
         measured(datasets.ImageFolder(small, transform=chain()), e, sized["encoding"], seconds),
         measured(npy, e, "npy (raw)", seconds),
     ]
+    for r in runs[1:]:  # the gain over the current files, predicted vs measured back to back
+        gain, real = r["predicted"] / runs[0]["predicted"], r["measured"] / runs[0]["measured"]
+        r["gain_predicted"], r["gain_measured"] = round(gain, 4), round(real, 4)
+        r["gain_error"] = round(gain / real - 1, 4)
     for r in runs:
         print(f"{r['encoding']:28} predicted {r['predicted']:7.1f} model {r['model']:7.1f} "
               f"measured {r['measured']:7.1f} error {r['error']:+.1%} "
@@ -117,7 +125,7 @@ def one_round(root: str, tmp: str, samples: int, seconds: float) -> list[dict[st
 def summarize(runs: list[dict[str, Any]]) -> None:
     print(
         f"\n{'encoding':28} {'runs':>4} {'median error':>12} {'worst':>7} "
-        f"{'median predict':>14} {'median run CPU':>14}"
+        f"{'median predict':>14} {'median run CPU':>14} {'gain error':>11}"
     )
     for name in dict.fromkeys(r["encoding"] for r in runs):
         mine = [r for r in runs if r["encoding"] == name]
@@ -126,7 +134,11 @@ def summarize(runs: list[dict[str, Any]]) -> None:
         med = statistics.median(errs)
         pe = statistics.median(r["predict_error"] for r in mine)
         rc = statistics.median(r["run_cpu_error"] for r in mine if r["run_cpu_error"] is not None)
-        print(f"{name:28} {len(mine):4d} {med:+12.1%} {worst:+7.1%} {pe:+14.1%} {rc:+14.1%}")
+        gains = [r["gain_error"] for r in mine if "gain_error" in r]
+        ge = f"{statistics.median(gains):+.1%}" if gains else ""
+        print(
+            f"{name:28} {len(mine):4d} {med:+12.1%} {worst:+7.1%} {pe:+14.1%} {rc:+14.1%} {ge:>11}"
+        )
 
 
 def main() -> int:
