@@ -72,6 +72,9 @@ def test_an_image_folder_gets_every_encoding_with_its_costs_and_the_current_mark
     assert small["presize"] == 74 and small["quality"] == "lossy: resized to 74 px, q90"
     assert small["bytes_per_sample"] < 0.8 * cur["bytes_per_sample"]  # headers: ~600 B
     assert rows["npy (raw)"]["transform_ms"] == cur["transform_ms"]  # same images: not re-timed
+    gzip, npy = rows["HDF5 gzip, 1 sample/chunk"], rows["npy (raw)"]
+    assert gzip["read_ms"] > 2 * npy["read_ms"]  # inflating vs copying bytes
+    assert gzip["predicted_samples_per_s"] < npy["predicted_samples_per_s"]  # a slower read shows
     assert e.predict(presized) == small["predicted_samples_per_s"]
     assert e.predict(presized, workers=1) < e.predict(presized, workers=2)
     with pytest.raises(KeyError, match="no applicable encoding 'GIF'"):
