@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from pipeprof.bench.bench import Bench, bench
+from pipeprof.bench.encodings import Encodings, bench_encodings
 from pipeprof.collect.timer import Timer
 from pipeprof.core.recorder import stage
 from pipeprof.core.session import Session
@@ -31,6 +32,6 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "Bench", "Comparison", "Job", "Profiler", "Report", "Session", "Timer", "__version__",
-    "bench", "compare", "load", "merge", "profile", "stage",
+    "Bench", "Comparison", "Encodings", "Job", "Profiler", "Report", "Session", "Timer",
+    "__version__", "bench", "bench_encodings", "compare", "load", "merge", "profile", "stage",
 ]  # fmt: skip

@@ -169,6 +169,10 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     b.add_argument("--predict", type=_counts, default=[], help="worker counts to predict, e.g. 6,8")
     b.add_argument("--compute-rate", type=_rate, default=None,
                    help="samples/s the training step takes: the workers that feed it")  # fmt: skip
+    b.add_argument("--encodings", action="store_true",
+                   help="write the samples in other storage encodings (JPEG qualities, presized "
+                   "JPEG, PNG, WebP, npy, HDF5) and predict the throughput with each, at the "
+                   "first --predict worker count (default: the loader's)")  # fmt: skip
     b.add_argument("--format", choices=("text", "json", "html"), default=None,
                    help="output format (default: from -o's extension, else text)")  # fmt: skip
     b.add_argument("-o", "--output", default=None, help="write here instead of standard output")
@@ -354,6 +358,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.output:  # before the benchmark, not after it
         _check_writable(args.output)
     source, transforms = resolve(args.target)
+    if args.encodings:
+        return _bench_encodings(args, fmt, source, transforms)
     try:
         b = bench(
             source, transforms, workers=args.workers, samples=args.samples,
@@ -376,6 +382,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         text = b.render(fmt) + "".join(f"predicted: {p}\n" for p in asked)
     return _write(text, args.output)
+
+
+def _bench_encodings(args: argparse.Namespace, fmt: str, source: Any, transforms: Any) -> int:
+    """``pipeprof bench TARGET --encodings``."""
+    from pipeprof.bench.encodings import bench_encodings
+
+    if transforms is not None:
+        raise ValueError("--encodings needs a dataset or a DataLoader (the samples as stored), "
+                         "not (samples, transforms)")  # fmt: skip
+    if args.workers or args.compute_rate is not None or len(args.predict) > 1:
+        raise ValueError("with --encodings, give the worker count to predict for as --predict K "
+                         "(one count); --workers and --compute-rate do not apply")  # fmt: skip
+    try:
+        e = bench_encodings(
+            source, samples=args.samples, seed=args.seed, repeat=args.repeat,
+            batch_size=args.batch_size, workers=args.predict[0] if args.predict else None,
+        )  # fmt: skip
+    except (TypeError, NotImplementedError) as exc:  # what the target gave is not benchmarkable
+        raise ValueError(str(exc)) from exc
+    if fmt == "text" and not args.output:
+        Console().print(e)
+        return 0
+    return _write(e.render(fmt), args.output)
 
 
 INTERRUPTED = 130  # the exit status of a program stopped by Ctrl-C (128 + SIGINT)

@@ -16,7 +16,7 @@ def test_public_api_is_small():
     import pipeprof
 
     assert set(pipeprof.__all__) == {
-        "Bench", "Comparison", "Job", "Profiler", "Report", "Session", "Timer", "__version__",
-        "bench", "compare", "load", "merge", "profile", "stage",
+        "Bench", "Comparison", "Encodings", "Job", "Profiler", "Report", "Session", "Timer",
+        "__version__", "bench", "bench_encodings", "compare", "load", "merge", "profile", "stage",
     }  # fmt: skip
     assert all(hasattr(pipeprof, name) for name in pipeprof.__all__)

@@ -10,6 +10,8 @@ ImageFolder-style dataset with PIL's loader also gets ``load/read`` (the file's 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib
 import inspect
 import io
@@ -142,6 +144,9 @@ def from_dataset(dataset: Any, indices: list[int], repeat: int, warmup: int, see
         copy_, accs = dataset, {}
         note = f"{'; '.join(failed)}: its transforms count as load"
     else:
+        if copy_ is dataset:  # nothing to wrap: a copy all the same, so that a file opened
+            with contextlib.suppress(Exception):  # lazily in __getitem__ stays out of theirs
+                copy_ = copy.copy(dataset)
         note = (
             ""
             if accs
