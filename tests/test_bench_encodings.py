@@ -49,7 +49,8 @@ def test_an_image_folder_gets_every_encoding_with_its_costs_and_the_current_mark
     assert cur["current"] and cur["encoding"] == "JPEG q≈90 files"  # make_images writes q90
     files = [p for p, _ in ds.samples]
     picked = [files[i] for i in pick(len(files), 12, 0)]
-    assert cur["bytes_per_sample"] == pytest.approx(np.mean([os.path.getsize(p) for p in picked]))
+    mean_size = np.mean([os.path.getsize(p) for p in picked])
+    assert cur["bytes_per_sample"] == pytest.approx(mean_size, abs=0.051)  # rounded to 0.1 B
     assert cur["predicted_samples_per_s"] == pytest.approx(float(e.bench.predict(2)), rel=1e-4)
     presized = "JPEG q90, presized 74px"  # RandomResizedCrop(64) × 256/224, rounded up
     expected = ["JPEG q75", "JPEG q50", presized, "PNG", "WebP q90", "npy (raw)",
