@@ -158,7 +158,8 @@ def test_two_nodes_on_one_host_gather_one_job_report(tmp_path):
     assert [n.returncode for n in nodes] == [0, 0], [o[1][-2000:] for o in outs]
     job = load(tmp_path / "run.job.json")
     assert job["world_size"] == 4 and job["ranks_present"] == [0, 1, 2, 3]
-    assert [s["rank"] for s in job["stragglers"]] == [3]
+    # 4 ranks on 2 cores: a rank beside the slow one may wait past the margin too, but less
+    assert job["stragglers"] and job["stragglers"][0]["rank"] == 3
     nodes_seen = {r["meta"]["rank"]["node_rank"] for r in
                   (load(tmp_path / f"run.rank{i}.json") for i in range(4))}  # fmt: skip
     assert len(nodes_seen) == 2
