@@ -487,7 +487,7 @@ def test_procfs_readings_agree_with_psutil() -> None:
     src = host_module._Procfs(psutil)
     tree = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
     try:
-        # other children of this process (a spawn resource tracker) may exist: wait for the grandchild
+        # this process may have other children (a spawn resource tracker): wait for the grandchild
         wait_for(lambda: len(psutil.Process(tree.pid).children()) == 1)
         grandchild = psutil.Process(tree.pid).children()[0].pid
         expected = sorted(p.pid for p in psutil.Process().children(recursive=True))
