@@ -322,11 +322,13 @@ def with_startup(
     loop: dict[str, Any], will: float, now: float | None, evidence: dict[str, Any]
 ) -> str:
     """The rate over a whole run like this one at a steady ``will`` samples/s: its samples at
-    that rate plus the start-up waits it paid (each epoch's first batches, kept as measured: a
-    larger pool starts no sooner), into ``evidence`` (``predicted_run_samples_per_s``, None
-    where start-up is under ``STARTUP_SHARE`` of the loop), and the words for the message.
-    Measured on the held-out framework loop (2 epochs of 32 batches, workers started again each
-    epoch): a steady promise of 2,320 samples/s was met at 0.81 over the run."""
+    that rate plus the start-up waits it paid (each epoch's first batches, as measured: a
+    larger pool starts no sooner, though forking more workers takes longer: 0.18 s an epoch
+    with 5 against 0.11 s with 1 on the held-out framework loop), into ``evidence``
+    (``predicted_run_samples_per_s``, None where start-up is under ``STARTUP_SHARE`` of the
+    loop), and the words for the message. On that loop (2 epochs of 32 batches, workers started
+    again each epoch) the steady rate alone was met at 0.74-1.03 over the run, this one at
+    0.92-1.19 (docs/findings.md)."""
     startup, wall = loop.get("startup_wait_s") or 0.0, loop.get("wall_s") or 0.0
     evidence["startup_wait_s"] = round(startup, 6)
     evidence["predicted_run_samples_per_s"] = None
