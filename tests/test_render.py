@@ -200,7 +200,7 @@ def expected_text(d: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         phrases += [f["message"], f"fix: {f['fix']}"]
     o = d["overhead"]
     if o["in_situ_ns"] is not None:
-        phrases.append(f"timed regions at {num(o['in_situ_ns'])} ns in situ")
+        phrases.append(f"timed regions at {num(o['region_ns'])} ns in situ")
         phrases.append(f"packing records {num(o['pack_s'] * 1e3)} ms")
     else:
         phrases.append(f"timed regions at {num(o['per_event_ns'])} ns")

@@ -162,12 +162,22 @@ def _steady_window(session: Session) -> tuple[int | None, int, int]:
 
 
 MIN_PROBES = 8  # batches probed before the in-situ region cost is used
+# The user's work between two regions, on average, from which on a region counts as following
+# real work (its caches cold; less counts in proportion): a few thousand instructions, what it
+# takes to turn the first-level caches over (NOTE [ In-situ region cost ])
+COLD_AFTER_NS = 10_000
+
+
+def _r1(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """pipeprof's own cost (docs/overhead.md). The timed regions: ``events`` times the cost of
     one region measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region cost ]
-    in core/recorder.py) plus the packing of their records, measured per batch (``pack_s``);
+    in core/recorder.py) and what it displaces from the user's code around it (``displaced_ns``:
+    the cold probe's excess over the warm one), plus the packing of their records, measured per
+    batch (``pack_s``);
     where no batch was probed (tf.data, older files), ``events`` times the cost calibrated with
     warm caches (``per_event_ns``: open, close, packing). Measured: the bookkeeping on the
     loop's thread inside ``next()`` (``main_s``), between the loop's steps (``loop_s``, its CPU)
@@ -178,10 +188,21 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     costs = session.costs
     probes = session.probe.count  # the median probe: a preempted one says nothing of a region
     in_situ_ns = session.probe.percentile_ns(50) if probes >= MIN_PROBES else None
+    stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
+    region_ns, warm_ns, cold_share, displaced_ns = in_situ_ns, None, None, 0.0
+    if in_situ_ns is not None and session.probe_warm.count >= MIN_PROBES:
+        # NOTE [ In-situ region cost ]: the cold probe's excess over the warm one, in the
+        # region and once more in the user's code after it, for the regions that follow real
+        # work; regions back to back (empty pipeprof.stage ticks) cost what the warm one does
+        warm_ns = min(in_situ_ns, session.probe_warm.percentile_ns(50))
+        between_ns = stage_s * 1e9 / session.events if session.events else 0.0
+        cold_share = min(1.0, between_ns / COLD_AFTER_NS)
+        displaced_ns = cold_share * (in_situ_ns - warm_ns)
+        region_ns = warm_ns + displaced_ns
     pack_s = costs.get("pack_ns", 0) / 1e9
-    if in_situ_ns is not None:  # the probes are regions too
-        in_stages_s = session.events * in_situ_ns / 1e9
-        regions_s = in_stages_s + probes * in_situ_ns / 1e9 + pack_s
+    if in_situ_ns is not None and region_ns is not None:  # the probes are regions too
+        in_stages_s = session.events * (region_ns + displaced_ns) / 1e9
+        regions_s = in_stages_s + probes * (in_situ_ns + (warm_ns or 0.0)) / 1e9 + pack_s
     else:
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
     main_s = costs.get("main_ns", 0) / 1e9
@@ -193,7 +214,6 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     steady_sampler_s = max(0.0, sampler_s - costs.get("sampler_first_ns", 0) / 1e9)
     setup_s = costs.get("setup_ns", 0) / 1e9
     cost_s = regions_s + main_s + loop_s + control_s + settle_s + sampler_s + setup_s
-    stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
     main_cpu = session.meta.get("main_cpu_ns")
     if isinstance(main_cpu, int) and main_cpu > 0:
         base_s = (main_cpu + sum(w.cpu_ns for w in session.workers.values())) / 1e9
@@ -204,7 +224,11 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     wall_s = session.wall_ns / 1e9
     return {
         "per_event_ns": round(session.overhead_ns, 1),
-        "in_situ_ns": None if in_situ_ns is None else round(in_situ_ns, 1),
+        "in_situ_ns": _r1(in_situ_ns),
+        "warm_ns": _r1(warm_ns),
+        "cold_share": None if cold_share is None else round(cold_share, 3),
+        "region_ns": _r1(region_ns),
+        "displaced_ns": None if in_situ_ns is None else round(displaced_ns, 1),
         "pack_s": round(pack_s, 6),
         "events": session.events,
         # what the timed regions add to the stage times pipeprof reports

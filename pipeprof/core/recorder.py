@@ -464,7 +464,7 @@ PROBE = "\x00probe"  # the path of the in-situ probe's region (its record is dro
 PROBE_CAP_NS = 50_000  # a probe that took longer was preempted: it says nothing of the region
 
 
-def probe(x: Any) -> int:
+def probe(x: Any) -> tuple[int, int]:
     """NOTE [ In-situ region cost ]
     ``measure_overhead`` times regions back to back, with warm caches: about 0.45 µs here. Between
     a worker's transforms a region costs more (0.2-2.5 µs, docs/overhead.md), because the image
@@ -473,10 +473,21 @@ def probe(x: Any) -> int:
     the ns it returns are the region's open, close and record, net of the outer clock read and
     the empty call (``_probe_base``, measured hot once per process). Its record is dropped; the
     report multiplies the median of these (``Session.probe``, ``overhead.in_situ_ns``) by the
-    regions counted."""
+    regions counted.
+
+    That is the region's own work. Its other cost lands in the user's code: the lines the region
+    brought in evicted the user's, which the user's next instructions fetch again. No probe can
+    time that from inside, so a second empty region runs right after the first, warm, and the
+    report counts the difference, what the cold caches cost the region, once more as displaced
+    from the code around it (``overhead.displaced_ns``), for the regions that follow real work
+    (``cold_share``, analyze/stages.py). With it the report states 0.6-1.1 of what a region costs
+    measured side by side (benchmarks/region_insitu.py, docs/overhead.md), where the cold probe
+    alone stated 0.5-0.8; regions back to back, as the probe's two are, displace next to nothing.
+
+    Returns ``(cold, warm)`` ns; ``(0, 0)`` when profiling is off."""
     rec = _recorder
     if not rec.enabled:
-        return 0
+        return 0, 0
     sink = rec._local.st.sink
     raw = sink.get(PROBE)
     if raw is None:
@@ -485,8 +496,10 @@ def probe(x: Any) -> int:
     t0 = clock()
     _probe_call1(PROBE, _noop, x)
     t1 = clock()
+    _probe_call1(PROBE, _noop, x)
+    t2 = clock()
     raw.clear()  # kept in place: an empty list is skipped by ``pack`` and found hot next time
-    return max(0, t1 - t0 - base)
+    return max(0, t1 - t0 - base), max(0, t2 - t1 - base)
 
 
 def _probe_base() -> int:

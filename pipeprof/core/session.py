@@ -158,6 +158,7 @@ class Session:
     handover: Stat = field(default_factory=Stat)
     batch_bytes: Stat = field(default_factory=Stat)  # bytes per batch, every few batches
     probe: Stat = field(default_factory=Stat)  # NOTE [ In-situ region cost ]: one per batch
+    probe_warm: Stat = field(default_factory=Stat)  # ... and the warm one right after it
     batches: int = 0
     samples: int = 0
     loop: LoopRecord | None = None  # a training loop's steps (loop mode)
@@ -386,6 +387,7 @@ class Session:
             "handover": self.handover.to_dict(),
             "batch_bytes": self.batch_bytes.to_dict(),
             "probe": self.probe.to_dict(),
+            "probe_warm": self.probe_warm.to_dict(),
             "batches": self.batches,
             "samples": self.samples,
             "loop": self.loop.to_dict() if self.loop is not None else {},
@@ -447,6 +449,7 @@ class Session:
             handover=_stat(data.get("handover", {}), "session.handover"),
             batch_bytes=_stat(data.get("batch_bytes", {}), "session.batch_bytes"),
             probe=_stat(data.get("probe", {}), "session.probe"),
+            probe_warm=_stat(data.get("probe_warm", {}), "session.probe_warm"),
             batches=get("batches", _is_int, _INT, 0),
             samples=get("samples", _is_int, _INT, 0),
             loop=LoopRecord.from_dict(loop, "session.loop") if loop else None,

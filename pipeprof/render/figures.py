@@ -126,7 +126,10 @@ def overhead_line(data: dict[str, Any]) -> str:
     o = data.get("overhead") or {}
     of = "of the CPU the run used" if o.get("basis") == "cpu" else "of measured time"
     if o.get("in_situ_ns") is not None:  # packing is counted apart, as measured
-        parts = [f"{o.get('events', 0):,} timed regions at {num(o['in_situ_ns'])} ns in situ"]
+        each = o.get("region_ns") or o["in_situ_ns"]
+        parts = [f"{o.get('events', 0):,} timed regions at {num(each)} ns in situ"]
+        if o.get("displaced_ns"):
+            parts[0] += f" + {num(o['displaced_ns'])} ns displaced from the code around them"
         if o.get("pack_s"):
             parts.append(f"packing records {num(o['pack_s'] * 1e3)} ms")
     else:  # the calibrated cost holds the packing

@@ -178,7 +178,7 @@ class Collate:
         rec = recorder()
         if not rec.enabled:
             return self.fn(samples)
-        probe_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
+        probe_ns, warm_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
         # packing's CPU, not its wall time: a worker preempted here (all cores busy) would count
@@ -192,6 +192,7 @@ class Collate:
             payload["cpu_ns"] = cpu - _CPU_MARK[0]
             _CPU_MARK[0] = cpu
         payload["probe_ns"] = probe_ns
+        payload["probe_warm_ns"] = warm_ns
         payload["cost_ns"] = time.thread_time_ns() - cpu0  # packing the records: pipeprof's own
         return Carrier(batch, payload)
 
@@ -482,6 +483,9 @@ class ProfiledLoader:
         probe_ns = payload.get("probe_ns")
         if probe_ns is not None and probe_ns < PROBE_CAP_NS:
             s.probe.add(probe_ns)
+            warm_ns = payload.get("probe_warm_ns")
+            if warm_ns is not None and warm_ns < PROBE_CAP_NS:
+                s.probe_warm.add(warm_ns)
         if carrier.pin_ns:
             s.add("main", "transfer/pin", carrier.pin_ns)
         # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
