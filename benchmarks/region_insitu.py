@@ -20,7 +20,7 @@ excess over the warm region once more, displaced from the user's code: see ``ove
 analyze/stages.py; on these pipelines the user's work between two regions is well over
 ``COLD_AFTER_NS``, so every region counts as following real work).
 
-    .venv/bin/python benchmarks/region_insitu.py --rounds 600 --json region_insitu.json  # ~2 min
+    .venv/bin/python benchmarks/region_insitu.py --rounds 1200 --json region_insitu.json  # ~1 min
 """
 
 from __future__ import annotations
