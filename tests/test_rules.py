@@ -759,6 +759,15 @@ def test_regions_between_real_work_are_costed_with_what_they_displace():
     assert "ns displaced from the code around them" in text
 
 
+def test_a_short_run_is_costed_in_situ():
+    # 4 batches: the median of their probes (MIN_PROBES = 3), not the warm calibration, which
+    # states about a third of what a region costs between real transforms (docs/overhead.md)
+    chain = transforms.Compose([Evict(4), Evict(4)])
+    loader = DataLoader(CostDataset(16, transform=chain), batch_size=4)
+    o = pipeprof.profile(loader).to_dict()["overhead"]
+    assert o["in_situ_ns"] is not None and o["region_ns"] > o["per_event_ns"], o
+
+
 @pytest.mark.timing
 def test_no_profiler_overhead_for_a_few_stages_around_real_work(tmp_path):
     work = Cost(5.0)  # 5 ms of CPU per sample: real work, which the CPU basis counts

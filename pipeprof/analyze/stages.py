@@ -161,7 +161,8 @@ def _steady_window(session: Session) -> tuple[int | None, int, int]:
     return (first[2], first[4], session.end_ns) if first is not None else (None, 0, 0)
 
 
-MIN_PROBES = 8  # batches probed before the in-situ region cost is used
+MIN_PROBES = 3  # batches probed before the in-situ region cost is used (the median of 3 drops one
+# preempted probe; below that, the warm calibration, which states a third of a region in situ)
 # The user's work between two regions, on average, from which on a region counts as following
 # real work (its caches cold; less counts in proportion): a few thousand instructions, what it
 # takes to turn the first-level caches over (NOTE [ In-situ region cost ])
