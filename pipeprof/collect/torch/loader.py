@@ -124,7 +124,7 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
     """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted).
 
     A batch goes through ``__getitems__``: the DataLoader's fetcher calls it once per batch
-    where it would call ``dataset[i]`` per sample, so the wrapper's own frame (about 0.5-1 µs a
+    where it would call ``dataset[i]`` per sample, so the wrapper's own frame (0.5-0.8 µs a
     sample between cheap samples, docs/overhead.md) is paid once a batch. The user's dataset
     has none (else ``MapDatasetItems``): each sample is still its own ``dataset[i]``, as plain.
     """
