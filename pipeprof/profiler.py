@@ -87,6 +87,7 @@ class Profiler:
         event_factory: Callable[[], Any] | None = None,
         nvtx: bool = False,
     ) -> None:
+        cpu0 = time.thread_time_ns()  # this thread's CPU here, as in start(): costs["control_ns"]
         if isinstance(sample_hz, bool) or not isinstance(sample_hz, (int, float)) or sample_hz < 0:
             raise ValueError(
                 f"sample_hz must be a number >= 0 (samples per second; 0 turns the GPU and host "
@@ -134,6 +135,7 @@ class Profiler:
         self._stream_failed = False
         self._compute_cpu_ns = 0  # the process's CPU time while the loop computed
         self._comm: CommClock | None = None
+        self.session.add_cost("control_ns", time.thread_time_ns() - cpu0)
 
     # ---- lifecycle ------------------------------------------------------------------------
 

@@ -292,3 +292,15 @@ def test_the_copy_to_the_device_is_transfer_never_wait():
     assert 0.010 * steps <= loop["transfer_s"] <= 0.016 * steps
     assert loop["steady"]["wait_s"] < 0.004 * loop["steady"]["steps"]  # workers were ahead
     assert loop["wall_s"] <= wall  # nothing counted twice
+
+
+def test_the_profilers_own_setup_is_counted_as_its_cost():
+    # making the Profiler (its session, step log and timer) is pipeprof's work too: counted with
+    # start() and stop() in control_s (docs/overhead.md), before any loop has run
+    prof = pipeprof.Profiler(sample_hz=0)
+    made = prof.session.costs.get("control_ns", 0)
+    assert made > 0
+    with prof:
+        for _ in prof.wrap(DataLoader(CostDataset(8), batch_size=4)):
+            pass
+    assert prof.report()["overhead"]["control_s"] * 1e9 >= made
