@@ -182,8 +182,9 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     where no batch was probed (tf.data, older files), ``events`` times the cost calibrated with
     warm caches (``per_event_ns``: open, close, packing). Measured: the bookkeeping on the
     loop's thread inside ``next()`` (``main_s``), between the loop's steps (``loop_s``, its CPU)
-    and in ``Profiler.start``/``stop`` (``control_s``), folding the records (``settle_s``), the
-    sampler threads (``sampler_s``) and building the profiled twin of a loader (``setup_s``).
+    and in ``Profiler()``, ``start`` and ``stop`` (``control_s``), folding the records
+    (``settle_s``), the sampler threads (``sampler_s``) and building the profiled twin of a
+    loader (``setup_s``).
     ``estimated_fraction`` is their sum over the CPU time of the profiled processes (main and
     workers) when known."""
     costs = session.costs
@@ -208,7 +209,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
     main_s = costs.get("main_ns", 0) / 1e9
     loop_s = costs.get("loop_ns", 0) / 1e9
-    control_s = costs.get("control_ns", 0) / 1e9  # Profiler.start() and stop()
+    control_s = costs.get("control_ns", 0) / 1e9  # Profiler(), start() and stop()
     settle_s = costs.get("settle_ns", 0) / 1e9
     sampler_s = costs.get("sampler_ns", 0) / 1e9
     # the samplers' start (priming, the first sample) is once a run: not what sample_hz scales
