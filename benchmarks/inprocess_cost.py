@@ -92,6 +92,7 @@ def epoch(variant: str, loader: Any) -> dict[str, Any]:
         over = prof.report()["overhead"] or {}
         out["reported_fraction"] = over.get("estimated_fraction")
         out["reported_s"] = over.get("estimated_s")
+        out["unprofiled_batches"] = over.get("unprofiled_batches")
     return out
 
 

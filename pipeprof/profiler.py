@@ -555,7 +555,9 @@ def profile(
     if nv is not None:
         ranges.install()
     try:
-        run_alone(ProfiledLoader(loader, session, device, ranges=nv), session, batches)
+        profiled = ProfiledLoader(loader, session, device, ranges=nv)
+        profiled.limit = batches
+        run_alone(profiled, session, batches)
     finally:
         if nv is not None:
             ranges.uninstall()

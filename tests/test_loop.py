@@ -12,6 +12,7 @@ from torchvision import transforms
 
 import pipeprof
 from pipeprof.core.batch import batch_size
+from pipeprof.core.recorder import recorder
 
 
 def run_loop(loader, compute_ms: float, **kwargs):
@@ -304,3 +305,51 @@ def test_the_profilers_own_setup_is_counted_as_its_cost():
         for _ in prof.wrap(DataLoader(CostDataset(8), batch_size=4)):
             pass
     assert prof.report()["overhead"]["control_s"] * 1e9 >= made
+
+
+class OnlyWhileProfiled:
+    """Burns 200 µs of this thread's CPU a sample, but only while pipeprof records: a cost of
+    profiling whose size is known."""
+
+    def __call__(self, x):
+        if recorder().enabled:
+            end = time.thread_time_ns() + 200_000
+            while time.thread_time_ns() < end:
+                pass
+        return x
+
+
+def test_unprofiled_batches_measure_what_profiling_costs_in_process():
+    # NOTE [ Unprofiled batches ]: 64 batches, no workers: batches 7, 15, ..., 63 are fetched
+    # with the recorder off; the batches from the second on are measured
+    n = 64 * 4
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(DataLoader(CostDataset(n, transform=OnlyWhileProfiled()), batch_size=4)):
+            pass
+    report = prof.report()
+    ab = report["overhead"]["unprofiled_batches"]
+    assert ab["batches"] == [55, 8] and ab["unprofiled_samples"] == 32
+    # the injected 200 µs a sample, and pipeprof's own regions around it (a few µs; 20 µs on a
+    # loaded machine)
+    assert 200_000 <= ab["per_sample_ns"] <= 260_000 and ab["used"], ab
+    profiled = n - 32
+    assert report["overhead"]["regions_s"] == pytest.approx(
+        ab["per_sample_ns"] * profiled / 1e9, rel=1e-3
+    )
+    assert report["samples"] == n
+    stage = report["stages"]["transform/OnlyWhileProfiled"]
+    assert stage["count"] == profiled  # the unprofiled batches have no records
+    assert stage["per_sample_ms"] == pytest.approx(stage["mean_ms"], rel=1e-3)
+    assert stage["mean_ms"] == pytest.approx(0.2, rel=0.15)
+
+
+def test_a_short_or_parallel_loader_is_never_fetched_unprofiled():
+    for loader, batches in (
+        (DataLoader(CostDataset(63 * 4), batch_size=4), None),
+        (DataLoader(CostDataset(100 * 4), batch_size=4), 63),  # the run takes 63 of them
+        (DataLoader(CostDataset(64 * 4), batch_size=4, num_workers=1), None),
+    ):
+        report = pipeprof.profile(loader, batches=batches)
+        assert report["overhead"]["unprofiled_batches"] is None
+        assert report["stages"]["load"]["count"] == report["samples"]

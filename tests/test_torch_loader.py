@@ -113,6 +113,14 @@ LOADERS = {
         num_workers=w,
         multiprocessing_context=c,
     ),
+    # 65 batches: in process, some are fetched with the recorder off (NOTE [ Unprofiled batches ])
+    "long": lambda w, c: DataLoader(
+        CostDataset(130, transform=_random_chain()),
+        batch_size=2,
+        shuffle=True,
+        num_workers=w,
+        multiprocessing_context=c,
+    ),
     "getitems": lambda w, c: DataLoader(
         ItemsDataset(20), batch_size=3, num_workers=w, multiprocessing_context=c
     ),

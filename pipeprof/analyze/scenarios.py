@@ -59,11 +59,12 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     for path, row in report["stages"].items():
         if path == "collate" or path.startswith("transfer") or row.get("derived"):
             continue
-        wall = row["total_s"] * 1e3 / samples
+        wall = row.get("per_sample_ms") or row["total_s"] * 1e3 / samples  # of the timed samples
         stages.append(StageCost(path, wall, wall * (1.0 if cpu_share is None else cpu_share)))
     if not stages:
         return None
-    collate = report["stages"].get("collate", {}).get("total_s", 0.0) * 1e3 / batches
+    row = report["stages"].get("collate") or {}
+    collate = row.get("per_batch_ms") or row.get("total_s", 0.0) * 1e3 / batches
     size = max(1, round(samples / batches))
     # the main process receives one batch at a time: the measured hand-over per batch is the
     # floor of its time between batches, whatever the worker count

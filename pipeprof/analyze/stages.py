@@ -60,10 +60,19 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         max(tf.get("traced_samples") or session.samples, 1),
         max(tf.get("traced_batches") or session.batches, 1),
     )
+    # the batches fetched with the recorder off have no records in the loader's stages
+    # (NOTE [ Unprofiled batches ] in collect/torch/loader.py)
+    costs = session.costs
+    profiled = (
+        max(session.samples - costs.get("ab_off_samples", 0), 1),
+        max(session.batches - costs.get("ab_off_batches", 0), 1),
+    )
     pipeline_s = top_total(table) or 1.0
     for path, row in table.items():
         under = {t for t, st in session.stages.items() for p in st if _at_or_under(p, path)}
         samples, batches = traced if under and under <= covered else every
+        if path.split("/")[0] in ("load", "transform", "collate") or path == "transfer/pin":
+            samples, batches = min(samples, profiled[0]), min(batches, profiled[1])
         row["per_sample_ms"] = round(row["total_s"] * 1e3 / samples, 6)
         row["per_batch_ms"] = round(row["total_s"] * 1e3 / batches, 6)
         row["share"] = round(row["total_s"] / pipeline_s, 6) if "/" not in path else None
@@ -169,6 +178,33 @@ MIN_PROBES = 3  # batches probed before the in-situ region cost is used (the med
 COLD_AFTER_NS = 10_000
 
 
+AB_MIN_OFF = 8  # unprofiled batches before their comparison is used (NOTE [ Unprofiled batches ])
+
+
+def inprocess_ab(session: Session) -> dict[str, Any] | None:
+    """NOTE [ Unprofiled batches ] in collect/torch/loader.py: this thread's CPU per sample inside
+    ``next()``, profiled batches against the unprofiled ones among them, and the standard error
+    of the difference from the spread between batches; None below AB_MIN_OFF of each."""
+    c = session.costs
+    arms = {}
+    for arm in ("on", "off"):
+        n, samples = c.get(f"ab_{arm}_batches", 0), c.get(f"ab_{arm}_samples", 0)
+        if n < AB_MIN_OFF or samples <= 0:
+            return None
+        q, qq = c.get(f"ab_{arm}_q", 0), c.get(f"ab_{arm}_qq", 0)
+        var = max(0.0, (qq - q * q / n) / (n - 1))
+        arms[arm] = (c.get(f"ab_{arm}_ns", 0) / samples, var / n, n)
+    (on, v_on, n_on), (off, v_off, n_off) = arms["on"], arms["off"]
+    return {
+        "profiled_ns": round(on, 1),
+        "unprofiled_ns": round(off, 1),
+        "per_sample_ns": round(on - off, 1),
+        "stderr_ns": round(math.sqrt(v_on + v_off), 1),
+        "batches": [n_on, n_off],
+        "unprofiled_samples": c.get("ab_off_samples", 0),
+    }
+
+
 def _r1(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
@@ -207,6 +243,14 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         regions_s = in_stages_s + probes * (in_situ_ns + (warm_ns or 0.0)) / 1e9 + pack_s
     else:
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
+    ab = inprocess_ab(session)
+    if ab is not None and ab["per_sample_ns"] > 2 * ab["stderr_ns"]:
+        # measured in situ, displacement and all: what the profiled samples cost over the
+        # unprofiled ones (the rest are the batches fetched with the recorder off)
+        profiled = session.samples - ab["unprofiled_samples"]
+        ab["probed_s"] = round(regions_s, 6)  # what the probes would have stated
+        regions_s = ab["per_sample_ns"] * profiled / 1e9
+        ab["used"] = True
     main_s = costs.get("main_ns", 0) / 1e9
     loop_s = costs.get("loop_ns", 0) / 1e9
     control_s = costs.get("control_ns", 0) / 1e9  # Profiler(), start() and stop()
@@ -231,6 +275,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "cold_share": None if cold_share is None else round(cold_share, 3),
         "region_ns": _r1(region_ns),
         "displaced_ns": None if in_situ_ns is None else round(displaced_ns, 1),
+        "unprofiled_batches": ab,
         "pack_s": round(pack_s, 6),
         "events": session.events,
         # what the timed regions add to the stage times pipeprof reports

@@ -125,7 +125,14 @@ def overhead_line(data: dict[str, Any]) -> str:
     """pipeprof's own cost as the report states it (``overhead``; docs/overhead.md)."""
     o = data.get("overhead") or {}
     of = "of the CPU the run used" if o.get("basis") == "cpu" else "of measured time"
-    if o.get("in_situ_ns") is not None:  # packing is counted apart, as measured
+    ab = o.get("unprofiled_batches") or {}
+    if ab.get("used"):  # measured against batches fetched unprofiled: packing and probes in it
+        off = ab["batches"][1]
+        parts = [
+            f"{o.get('events', 0):,} timed regions at {num(ab['per_sample_ns'] / 1e3)} µs a sample"
+            f" ± {num(ab['stderr_ns'] / 1e3)}, against {off} batches fetched unprofiled"
+        ]
+    elif o.get("in_situ_ns") is not None:  # packing is counted apart, as measured
         each = o.get("region_ns") or o["in_situ_ns"]
         parts = [f"{o.get('events', 0):,} timed regions at {num(each)} ns in situ"]
         if o.get("displaced_ns"):

@@ -47,6 +47,13 @@ from pipeprof.core.session import Session
 # Named like torch.profiler's own span so that traces line up.
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
+# NOTE [ Unprofiled batches ]: with num_workers=0 a loader of at least AB_MIN_BATCHES batches
+# fetches one batch in AB_PERIOD with the recorder off, until AB_OFF_BATCHES such batches, and the
+# CPU per sample of those against the profiled ones around them is what the timed regions cost
+# (analyze/stages.py: ``overhead``); those batches have no stage records
+AB_MIN_BATCHES = 64
+AB_PERIOD = 8
+AB_OFF_BATCHES = 24
 
 
 class Carrier:
@@ -342,6 +349,7 @@ class ProfiledLoader:
         self.own_ns = 0  # pipeprof's own time on this thread, inside next() (not the user's)
         self.transfer_ns = 0  # time spent moving batches to ``device`` so far
         self.last_starved = 0  # the last batch's wait until it was ready (NOTE [ Wait, split ])
+        self.limit: int | None = None  # the batches a pass will take, where known beforehand
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self.session = session
         session.notes.extend(notes)
@@ -386,13 +394,22 @@ class ProfiledLoader:
             span = WAIT_SPAN.format(type(it).__name__)
             nv = self.ranges
             first = True
+            ab = self._ab_eligible()
+            k = -1  # this pass's batch
             while True:
+                k += 1
+                s = self.session
+                measure = ab and k >= 1 and s.costs.get("ab_off_batches", 0) < AB_OFF_BATCHES
+                off = measure and k % AB_PERIOD == AB_PERIOD - 1 and rec.active == 1
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
                 before = rec.enter(mine)
                 try:
                     if nv is not None:
                         nv.open("wait")
+                    if off:
+                        rec.enabled = False
+                    c0 = time.thread_time_ns() if measure else 0
                     t0 = clock()
                     try:
                         carrier = next(it)
@@ -400,10 +417,16 @@ class ProfiledLoader:
                     except StopIteration:
                         return
                     finally:
+                        if off:
+                            rec.enabled = True
                         if nv is not None:
                             nv.pop()
+                    cpu = time.thread_time_ns() - c0 if measure else 0
+                    n0 = s.samples
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
                     first = False
+                    if measure:
+                        self._ab_add("ab_off" if off else "ab_on", cpu, s.samples - n0)
                     copy_ns = 0
                     if self.h2d is not None:
                         if nv is not None:
@@ -433,6 +456,26 @@ class ProfiledLoader:
                 rec.end()
                 if h5:
                     hdf5.uninstall()
+
+    def _ab_eligible(self) -> bool:
+        """NOTE [ Unprofiled batches ]: a pass made in this thread, long enough to spare some."""
+        if self.opaque or self.loader.num_workers or self.ranges is not None:
+            return False
+        if isinstance(self.loader.dataset, IterableDataset):  # its length is a guess, if any
+            return False
+        try:
+            n = len(self.loader)
+        except Exception:  # a length the user's sampler cannot give
+            return False
+        return min(n, self.limit if self.limit is not None else n) >= AB_MIN_BATCHES
+
+    def _ab_add(self, arm: str, cpu_ns: int, samples: int) -> None:
+        if samples <= 0:
+            return
+        per = cpu_ns // samples  # per-sample CPU of this batch, for the spread between batches
+        for key, value in (("batches", 1), ("samples", samples), ("ns", cpu_ns), ("q", per),
+                           ("qq", per * per)):  # fmt: skip
+            self.session.add_cost(f"{arm}_{key}", value)
 
     def _check_fork(self) -> None:
         """h5py handles the workers about to fork would inherit (docs/hdf5.md): in meta."""
