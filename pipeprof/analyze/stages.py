@@ -216,11 +216,13 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     the cold probe's excess over the warm one), plus the packing of their records, measured per
     batch (``pack_s``);
     where no batch was probed (tf.data, older files), ``events`` times the cost calibrated with
-    warm caches (``per_event_ns``: open, close, packing). Measured: the bookkeeping on the
-    loop's thread inside ``next()`` (``main_s``), between the loop's steps (``loop_s``, its CPU)
-    and in ``Profiler()``, ``start`` and ``stop`` (``control_s``), folding the records
-    (``settle_s``), the sampler threads (``sampler_s``) and building the profiled twin of a
-    loader (``setup_s``).
+    warm caches (``per_event_ns``: open, close, packing). With no workers and enough batches
+    fetched unprofiled, the regions' cost is measured instead: the CPU per sample of the profiled
+    batches over the unprofiled ones (``unprofiled_batches``, see ``inprocess_ab``).
+    Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``), between the
+    loop's steps (``loop_s``, its CPU) and in ``Profiler()``, ``start`` and ``stop``
+    (``control_s``), folding the records (``settle_s``), the sampler threads (``sampler_s``) and
+    building the profiled twin of a loader (``setup_s``).
     ``estimated_fraction`` is their sum over the CPU time of the profiled processes (main and
     workers) when known."""
     costs = session.costs
@@ -244,9 +246,11 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     else:
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
     ab = inprocess_ab(session)
-    if ab is not None and ab["per_sample_ns"] > 2 * ab["stderr_ns"]:
+    if ab is not None and ab["per_sample_ns"] > ab["stderr_ns"]:
         # measured in situ, displacement and all: what the profiled samples cost over the
-        # unprofiled ones (the rest are the batches fetched with the recorder off)
+        # unprofiled ones (the rest are the batches fetched with the recorder off). A few
+        # preempted batches widen the error more than they move the difference: used from one
+        # standard error of it on, else the probes
         profiled = session.samples - ab["unprofiled_samples"]
         ab["probed_s"] = round(regions_s, 6)  # what the probes would have stated
         regions_s = ab["per_sample_ns"] * profiled / 1e9
