@@ -344,6 +344,27 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
     assert stage["mean_ms"] == pytest.approx(0.2, rel=0.15)
 
 
+class SeesItsTransform(CostDataset):
+    """Notes the type of the transform it calls, per sample (``type()``: a stand-in shows)."""
+
+    seen: list[str] = []
+
+    def __getitem__(self, i):
+        self.seen.append(type(self.transform).__name__)
+        return super().__getitem__(i)
+
+
+def test_unprofiled_batches_run_the_users_own_transforms():
+    # NOTE [ Unprofiled batches ]: no frame of pipeprof's in them, and the stand-ins back after
+    SeesItsTransform.seen = []
+    data = SeesItsTransform(64 * 4, transform=Scale(0.0))
+    report = pipeprof.profile(DataLoader(data, batch_size=4))
+    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 32
+    seen = SeesItsTransform.seen
+    assert seen.count("Scale") == 32 and seen.count("Timed") == 64 * 4 - 32
+    assert all(seen[k * 4] == "Scale" for k in range(7, 64, 8))
+
+
 def test_a_short_or_parallel_loader_is_never_fetched_unprofiled():
     for loader, batches in (
         (DataLoader(CostDataset(63 * 4), batch_size=4), None),

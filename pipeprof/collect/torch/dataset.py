@@ -202,8 +202,15 @@ Wrap = Callable[[str, Any], Any]  # (stage prefix, the user's transform) -> its 
 PREFIX = {"transform": "transform", "target_transform": "transform/target_transform"}
 
 
+Swap = tuple[Any, str, Any, Any]  # (a dataset copy, attribute, the user's value, its stand-in)
+
+
 def twin_dataset(
-    dataset: Any, wrap: Wrap, wrap_loader: Callable[[Any], Any] | None = None, depth: int = 0
+    dataset: Any,
+    wrap: Wrap,
+    wrap_loader: Callable[[Any], Any] | None = None,
+    depth: int = 0,
+    swaps: list[Swap] | None = None,
 ) -> tuple[Any, list[str]]:
     """A shallow copy of ``dataset`` whose transforms are ``wrap``'s stand-ins (and, with
     ``wrap_loader``, an ImageFolder-style ``loader`` too); the user's dataset is untouched.
@@ -213,6 +220,7 @@ def twin_dataset(
     ``Subset``-style ``.dataset`` and ``ConcatDataset``-style ``.datasets``; a transform that is a
     method of the dataset is bound to the copy. Returns the copy (or the dataset itself when
     there is nothing to wrap or it cannot be copied) and notes on what could not be split.
+    ``swaps`` collects every stand-in set on a copy, with the value it stands in for.
     """
     notes: list[str] = []
     if depth > 3:
@@ -223,25 +231,27 @@ def twin_dataset(
         twin, failed = None, exc
     src = dataset if twin is None else twin
     changes: dict[str, Any] = {}
+    plain: dict[str, Any] = {}  # what each stand-in stands in for
     for attr in TRANSFORM_ATTRS:
         fn = _bound_to(getattr(src, attr, None), dataset, src)
         if fn is not None and (callable(fn) or isinstance(fn, (list, tuple))):
-            changes[attr] = wrap(PREFIX[attr], fn)
+            changes[attr], plain[attr] = wrap(PREFIX[attr], fn), fn
     joint = _bound_to(getattr(src, "transforms", None), dataset, src)
     if joint is not None and callable(joint):
-        changes["transforms"] = _wrap_joint(joint, changes, wrap)
+        changes["transforms"], plain["transforms"] = _wrap_joint(joint, changes, wrap), joint
     loader = _bound_to(getattr(src, "loader", None), dataset, src)
     if wrap_loader and callable(loader) and isinstance(getattr(src, "samples", None), list):
-        changes["loader"] = wrap_loader(loader)
+        changes["loader"], plain["loader"] = wrap_loader(loader), loader
+    inner_swaps: list[Swap] = []
     inner = getattr(src, "dataset", None)
     if inner is not None and hasattr(inner, "__getitem__"):
-        changes["dataset"], more = twin_dataset(inner, wrap, wrap_loader, depth + 1)
+        changes["dataset"], more = twin_dataset(inner, wrap, wrap_loader, depth + 1, inner_swaps)
         notes += more
     inners = getattr(src, "datasets", None)
     if isinstance(inners, list) and all(hasattr(d, "__getitem__") for d in inners):
         changes["datasets"] = []
         for d in inners:
-            copied, more = twin_dataset(d, wrap, wrap_loader, depth + 1)
+            copied, more = twin_dataset(d, wrap, wrap_loader, depth + 1, inner_swaps)
             changes["datasets"].append(copied)
             notes += more
     if not changes:
@@ -254,13 +264,16 @@ def twin_dataset(
     except Exception as exc:
         notes.append(f"{type(dataset).__name__}: transforms not split ({exc})")
         return dataset, notes
+    if swaps is not None:
+        swaps += inner_swaps + [(twin, a, plain[a], changes[a]) for a in plain]
     return twin, notes
 
 
-def instrument_dataset(dataset: Any) -> tuple[Any, list[str]]:
+def instrument_dataset(dataset: Any, swaps: list[Swap] | None = None) -> tuple[Any, list[str]]:
     """The dataset the profiled loader reads: each transform a stage, the loader split into
-    ``load/read`` and ``load/decode`` where it can be (see ``twin_dataset``)."""
-    return twin_dataset(dataset, lambda prefix, fn: wrap_transform(fn, prefix), _wrap_loader)
+    ``load/read`` and ``load/decode`` where it can be (see ``twin_dataset``, and its ``swaps``)."""
+    wrap: Wrap = lambda prefix, fn: wrap_transform(fn, prefix)  # noqa: E731
+    return twin_dataset(dataset, wrap, _wrap_loader, swaps=swaps)
 
 
 def _bound_to(fn: Any, dataset: Any, twin: Any) -> Any:

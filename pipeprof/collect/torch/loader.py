@@ -48,8 +48,9 @@ from pipeprof.core.session import Session
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # NOTE [ Unprofiled batches ]: with num_workers=0 a loader of at least AB_MIN_BATCHES batches
-# fetches one batch in AB_PERIOD with the recorder off, until AB_OFF_BATCHES such batches, and the
-# CPU per sample of those against the profiled ones around them is what the timed regions cost
+# fetches one batch in AB_PERIOD with the recorder off and the dataset copy's transforms set back
+# to the user's own, until AB_OFF_BATCHES such batches, and the CPU per sample of those against
+# the profiled ones around them is what the timed regions and their wrappers cost
 # (analyze/stages.py: ``overhead``); those batches have no stage records
 AB_MIN_BATCHES = 64
 AB_PERIOD = 8
@@ -268,13 +269,15 @@ _LOADER_ARGS = (
 def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, list[str]]:
     """A DataLoader equal to ``loader`` but with timed dataset, collate and worker init
     (``nvtx``: the workers emit NVTX ranges too)."""
-    dataset, notes = instrument_dataset(loader.dataset)
+    swaps: list[Any] = []
+    dataset, notes = instrument_dataset(loader.dataset, swaps)
     if isinstance(loader.dataset, IterableDataset):
         wrapped: Dataset[Any] = IterDataset(dataset)
         kwargs: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
     else:
         has_items = callable(getattr(loader.dataset, "__getitems__", None))
         wrapped = (MapDatasetItems if has_items else MapDataset)(dataset)
+        object.__setattr__(wrapped, "_swaps", swaps)  # NOTE [ Unprofiled batches ]
         if loader.batch_sampler is not None:
             kwargs = {"batch_sampler": loader.batch_sampler}
         else:
@@ -409,6 +412,7 @@ class ProfiledLoader:
                         nv.open("wait")
                     if off:
                         rec.enabled = False
+                        self._swap(plain=True)
                     c0 = time.thread_time_ns() if measure else 0
                     t0 = clock()
                     try:
@@ -417,11 +421,12 @@ class ProfiledLoader:
                     except StopIteration:
                         return
                     finally:
+                        cpu = time.thread_time_ns() - c0 if measure else 0
                         if off:
+                            self._swap(plain=False)
                             rec.enabled = True
                         if nv is not None:
                             nv.pop()
-                    cpu = time.thread_time_ns() - c0 if measure else 0
                     n0 = s.samples
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
                     first = False
@@ -468,6 +473,12 @@ class ProfiledLoader:
         except Exception:  # a length the user's sampler cannot give
             return False
         return min(n, self.limit if self.limit is not None else n) >= AB_MIN_BATCHES
+
+    def _swap(self, plain: bool) -> None:
+        """The dataset copy's transforms (and loader) set back to the user's own, or to their
+        timed stand-ins again: an unprofiled batch runs none of pipeprof's frames."""
+        for obj, attr, users, timed in self.loader.dataset.__dict__.get("_swaps", ()):
+            setattr(obj, attr, users if plain else timed)
 
     def _ab_add(self, arm: str, cpu_ns: int, samples: int) -> None:
         if samples <= 0:
