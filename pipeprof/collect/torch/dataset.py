@@ -272,7 +272,7 @@ def twin_dataset(
 def instrument_dataset(dataset: Any, swaps: list[Swap] | None = None) -> tuple[Any, list[str]]:
     """The dataset the profiled loader reads: each transform a stage, the loader split into
     ``load/read`` and ``load/decode`` where it can be (see ``twin_dataset``, and its ``swaps``)."""
-    wrap: Wrap = lambda prefix, fn: wrap_transform(fn, prefix)  # noqa: E731
+    wrap: Wrap = lambda prefix, fn: wrap_transform(fn, prefix)
     return twin_dataset(dataset, wrap, _wrap_loader, swaps=swaps)
 
 
