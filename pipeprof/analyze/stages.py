@@ -246,7 +246,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     else:
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
     ab = inprocess_ab(session)
-    if ab is not None and ab["per_sample_ns"] > ab["stderr_ns"]:
+    workers = any(t.startswith("worker") for t in session.workers)  # another loader's regions
+    if ab is not None and ab["per_sample_ns"] > ab["stderr_ns"] and not workers:
         # measured in situ, displacement and all: what the profiled samples cost over the
         # unprofiled ones (the rest are the batches fetched with the recorder off). A few
         # preempted batches widen the error more than they move the difference: used from one
