@@ -13,8 +13,13 @@ process's (``time.process_time``: every thread, pipeprof's sampler included), fr
 the Profiler (or torch.profiler) is made to just after its ``with`` block ends; the report is
 built after the window.
 
+``--jpeg ROOT``: the JPEG pipeline of overhead.py instead (ImageFolder, 160 px files made in
+ROOT if it is empty, RandomResizedCrop + flip + ToTensor + Normalize), ``--samples`` files.
+
     .venv/bin/python benchmarks/inprocess_cost.py --rounds 9 --json inprocess.json   # ~1 min
     .venv/bin/python benchmarks/inprocess_cost.py --samples 20000 --rounds 21 --cheap  # ~1 min
+    .venv/bin/python benchmarks/inprocess_cost.py --jpeg /tmp/jpeg160 --samples 2048 \
+        --batch-size 16 --rounds 9 --sample-hz 0   # ~4 min
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from _common import machine
+from _common import jpeg160_dataset, machine
 
 
 def as_tensor(image: Any) -> Any:
@@ -63,7 +68,7 @@ class MnistLike:
         return self.transform(Image.fromarray(self.images[i], mode="L")), self.labels[i]
 
 
-def epoch(variant: str, loader: Any) -> dict[str, Any]:
+def epoch(variant: str, loader: Any, sample_hz: float | None = None) -> dict[str, Any]:
     gc.collect()
     c0, t0 = time.process_time(), time.perf_counter()
     prof: Any = None
@@ -74,7 +79,7 @@ def epoch(variant: str, loader: Any) -> dict[str, Any]:
     elif variant == "pipeprof":
         import pipeprof
 
-        prof = pipeprof.Profiler()
+        prof = pipeprof.Profiler() if sample_hz is None else pipeprof.Profiler(sample_hz=sample_hz)
         with prof:
             for x, _ in prof.wrap(loader):
                 n += len(x)
@@ -109,19 +114,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--cheap", action="store_true", help="samples made tensors only (few µs)")
+    ap.add_argument("--jpeg", metavar="ROOT", help="the JPEG pipeline over this folder")
+    ap.add_argument("--sample-hz", type=float, help="pipeprof's sampling rate (its default)")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args(argv)
     from torch.utils.data import DataLoader
 
-    dataset = MnistLike(args.samples, args.cheap)
+    if args.jpeg:
+        import os
+
+        from pipeprof.demo import make_images
+
+        os.makedirs(args.jpeg, exist_ok=True)
+        if not any(os.scandir(args.jpeg)):
+            make_images(args.jpeg, count=args.samples, size=(160, 160))
+        dataset: Any = jpeg160_dataset(args.jpeg)
+    else:
+        dataset = MnistLike(args.samples, args.cheap)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
     variants = ["plain", "pipeprof", "torch.profiler"]
     for v in variants:  # warm-up: imports, Kineto; not reported
-        epoch(v, loader)
+        epoch(v, loader, args.sample_hz)
     rounds = []
     for r in range(args.rounds):
         k = r % len(variants)
-        res = {v: epoch(v, loader) for v in variants[k:] + variants[:k]}
+        res = {v: epoch(v, loader, args.sample_hz) for v in variants[k:] + variants[:k]}
         rounds.append(res)
         line = "  ".join(f"{v} {res[v]['cpu_us_per_sample']:.1f} us" for v in variants)
         print(f"round {r + 1}/{args.rounds}: {line}", file=sys.stderr)

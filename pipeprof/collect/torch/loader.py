@@ -49,8 +49,9 @@ WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # NOTE [ Unprofiled batches ]: with num_workers=0 a loader of at least AB_MIN_BATCHES batches
 # fetches one batch in AB_PERIOD with the recorder off and the dataset copy's transforms set back
-# to the user's own, until AB_OFF_BATCHES such batches, and the CPU per sample of those against
-# the profiled ones around them is what the timed regions and their wrappers cost
+# to the user's own, until AB_OFF_BATCHES such batches, and the process's CPU per sample of
+# those against the profiled ones around them is what the timed regions and their wrappers cost
+# (the process's: torch's intra-op threads spin while pipeprof's code runs between their ops)
 # (analyze/stages.py: ``overhead``); those batches have no stage records
 AB_MIN_BATCHES = 64
 AB_PERIOD = 8
@@ -413,7 +414,7 @@ class ProfiledLoader:
                     if off:
                         rec.enabled = False
                         self._swap(plain=True)
-                    c0 = time.thread_time_ns() if measure else 0
+                    c0 = time.process_time_ns() if measure else 0
                     t0 = clock()
                     try:
                         carrier = next(it)
@@ -421,7 +422,7 @@ class ProfiledLoader:
                     except StopIteration:
                         return
                     finally:
-                        cpu = time.thread_time_ns() - c0 if measure else 0
+                        cpu = time.process_time_ns() - c0 if measure else 0
                         if off:
                             self._swap(plain=False)
                             rec.enabled = True
