@@ -183,8 +183,9 @@ AB_MIN_OFF = 8  # unprofiled batches before their comparison is used (NOTE [ Unp
 
 def inprocess_ab(session: Session) -> dict[str, Any] | None:
     """NOTE [ Unprofiled batches ] in collect/torch/loader.py: the process's CPU per sample
-    inside ``next()`` (all its threads), profiled batches against the unprofiled ones among them, and the standard error
-    of the difference from the spread between batches; None below AB_MIN_OFF of each."""
+    inside ``next()`` (all its threads), profiled batches against the unprofiled ones among
+    them, and the standard error of the difference from the spread between batches; None below
+    AB_MIN_OFF of each."""
     c = session.costs
     arms = {}
     for arm in ("on", "off"):
