@@ -342,6 +342,8 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
     assert stage["count"] == profiled  # the unprofiled batches have no records
     assert stage["per_sample_ms"] == pytest.approx(stage["mean_ms"], rel=1e-3)
     assert stage["mean_ms"] == pytest.approx(0.2, rel=0.15)
+    text = " ".join(report.render("text").split())  # the summary says how it was measured
+    assert "against 8 batches fetched unprofiled" in text
 
 
 class SeesItsTransform(CostDataset):
