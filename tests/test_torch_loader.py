@@ -511,3 +511,27 @@ def test_dataloader_subclasses_yield_what_they_yield_unprofiled():
     preset = NamedLoader(CostDataset(8, transform=Scale(0.1)))
     assert all(same(a, b) for a, b in zip(batches_of(preset, True), list(preset), strict=True))
     assert "transform/Scale" in pipeprof.profile(preset)["stages"]
+
+
+def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_path):
+    # NOTE [ Unprofiled batches ]: 66 batches in process, 8 of them through the user's own
+    # loader (PIL's, not pipeprof's read/decode split) and transforms; the rest through the
+    # stand-ins; the same images and random draws either way
+    from torchvision import datasets
+
+    from pipeprof.demo import make_images
+
+    make_images(tmp_path, count=66, size=(40, 30))
+    chain = transforms.Compose(
+        [transforms.RandomResizedCrop(16), transforms.RandomHorizontalFlip(), transforms.ToTensor()]
+    )
+    data = datasets.ImageFolder(str(tmp_path), transform=chain)
+    loader = DataLoader(data, batch_size=1, shuffle=True)
+    plain = batches_of(loader, profiled=False)
+    session = Session()
+    torch.manual_seed(0)
+    profiled = list(ProfiledLoader(loader, session))
+    assert len(plain) == len(profiled) == 66
+    assert all(same(a, b) for a, b in zip(plain, profiled))
+    assert session.costs["ab_off_batches"] == 8
+    assert session.stages["main"]["load/decode"].count == 66 - 8
