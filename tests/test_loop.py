@@ -367,6 +367,16 @@ def test_unprofiled_batches_run_the_users_own_transforms():
     assert all(seen[k * 4] == "Scale" for k in range(7, 64, 8))
 
 
+def test_unprofiled_batches_count_their_samples_as_profiled_ones_do():
+    # a loader of single samples (batch_size=None): each sample is a tensor of several rows,
+    # which a guess from the batch's shape would count as that many samples
+    loader = DataLoader(CostDataset(70), batch_size=None)
+    report = pipeprof.profile(loader)
+    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 8
+    assert report["samples"] == report["batches"] == 70
+    assert report["stages"]["load"]["count"] == 70 - 8
+
+
 def test_a_short_or_parallel_loader_is_never_fetched_unprofiled():
     for loader, batches in (
         (DataLoader(CostDataset(63 * 4), batch_size=4), None),

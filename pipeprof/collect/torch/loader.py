@@ -197,7 +197,8 @@ class Collate:
 
     def __call__(self, samples: Any) -> Any:
         rec = recorder()
-        if not rec.enabled:
+        if not rec.enabled:  # an unprofiled batch's samples, counted as a profiled one's are
+            _COLLATED[0] = 1 if self.per_sample else samples_to_collate(samples)
             return self.fn(samples)
         probe_ns, warm_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
@@ -220,6 +221,8 @@ class Collate:
 
 # This worker process's CPU time when it finished its previous batch (0 outside workers).
 _CPU_MARK = [0]
+# The samples of the last batch collated with the recorder off (NOTE [ Unprofiled batches ])
+_COLLATED: list[int | None] = [None]
 
 
 class WorkerInit:
@@ -414,6 +417,7 @@ class ProfiledLoader:
                     if off:
                         rec.enabled = False
                         self._swap(plain=True)
+                        _COLLATED[0] = None
                     c0 = time.process_time_ns() if measure else 0
                     t0 = clock()
                     try:
@@ -429,7 +433,8 @@ class ProfiledLoader:
                         if nv is not None:
                             nv.pop()
                     n0 = s.samples
-                    batch = self._unpack(carrier, t0, t1, t_iter if first else None, span)
+                    n = _COLLATED[0] if off else None
+                    batch = self._unpack(carrier, t0, t1, t_iter if first else None, span, n)
                     first = False
                     if measure:
                         self._ab_add("ab_off" if off else "ab_on", cpu, s.samples - n0)
@@ -531,10 +536,20 @@ class ProfiledLoader:
         self.session.settle()
         self.session.add_cost("settle_ns", time.thread_time_ns() - t0)
 
-    def _unpack(self, carrier: Any, t0: int, t1: int, t_iter: int | None, span: str) -> Any:
+    def _unpack(
+        self,
+        carrier: Any,
+        t0: int,
+        t1: int,
+        t_iter: int | None,
+        span: str,
+        samples: int | None = None,
+    ) -> Any:
         s = self.session
-        if not isinstance(carrier, Carrier):  # the user's own loader (see ``own_iteration``)
-            s.add_batch(t0, t1, batch_size(carrier), t_iter, span)
+        if not isinstance(carrier, Carrier):  # the user's own loader (see ``own_iteration``),
+            # or a batch fetched unprofiled (``samples``: NOTE [ Unprofiled batches ])
+            n = samples if samples is not None else batch_size(carrier)
+            s.add_batch(t0, t1, n, t_iter, span)
             self.last_starved = t1 - t0  # not known: all of it, as the verdict read it before
             return carrier
         payload = carrier.payload
