@@ -555,9 +555,7 @@ def profile(
     if nv is not None:
         ranges.install()
     try:
-        profiled = ProfiledLoader(loader, session, device, ranges=nv)
-        profiled.limit = batches
-        run_alone(profiled, session, batches)
+        run_alone(ProfiledLoader(loader, session, device, nv, batches), session, batches)
     finally:
         if nv is not None:
             ranges.uninstall()

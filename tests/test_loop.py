@@ -386,3 +386,14 @@ def test_a_short_or_parallel_loader_is_never_fetched_unprofiled():
         report = pipeprof.profile(loader, batches=batches)
         assert report["overhead"]["unprofiled_batches"] is None
         assert report["stages"]["load"]["count"] == report["samples"]
+
+
+def test_no_batch_is_fetched_unprofiled_while_another_profile_records():
+    # the recorder is the process's: turning it off for a batch would lose the other's records
+    # (a loader profiled inside the loop over another profiled loader)
+    outer = pipeprof.Profiler(sample_hz=0)
+    with outer:
+        for _ in outer.wrap(DataLoader(CostDataset(1), batch_size=1)):
+            inner = pipeprof.profile(DataLoader(CostDataset(64 * 4), batch_size=4))
+    assert inner["overhead"]["unprofiled_batches"] is None
+    assert inner["stages"]["load"]["count"] == 64 * 4

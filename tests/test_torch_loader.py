@@ -29,11 +29,11 @@ from pipeprof.core.session import Session
 CONTEXTS = ["fork", "spawn"]
 
 
-def batches_of(loader, profiled: bool, seed: int = 0):
+def batches_of(loader, profiled: bool, seed: int = 0, session: Session | None = None):
     torch.manual_seed(seed)
     if not profiled:
         return list(loader)
-    return list(ProfiledLoader(loader, Session()))
+    return list(ProfiledLoader(loader, session or Session()))
 
 
 def same(a, b) -> bool:
@@ -105,22 +105,16 @@ def _random_chain():
     return transforms.Compose([AddNoise(0.0), Scale(0.0, add=2.0)])
 
 
+def _shuffled(n: int, batch_size: int, w: int, c: str | None) -> DataLoader:
+    """``n`` samples through a random transform chain, shuffled."""
+    data = CostDataset(n, transform=_random_chain())
+    return DataLoader(data, batch_size, shuffle=True, num_workers=w, multiprocessing_context=c)
+
+
 LOADERS = {
-    "plain": lambda w, c: DataLoader(
-        CostDataset(20, transform=_random_chain()),
-        batch_size=4,
-        shuffle=True,
-        num_workers=w,
-        multiprocessing_context=c,
-    ),
+    "plain": lambda w, c: _shuffled(20, 4, w, c),
     # 65 batches: in process, some are fetched with the recorder off (NOTE [ Unprofiled batches ])
-    "long": lambda w, c: DataLoader(
-        CostDataset(130, transform=_random_chain()),
-        batch_size=2,
-        shuffle=True,
-        num_workers=w,
-        multiprocessing_context=c,
-    ),
+    "long": lambda w, c: _shuffled(130, 2, w, c),
     "getitems": lambda w, c: DataLoader(
         ItemsDataset(20), batch_size=3, num_workers=w, multiprocessing_context=c
     ),
@@ -529,8 +523,7 @@ def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_pa
     loader = DataLoader(data, batch_size=1, shuffle=True)
     plain = batches_of(loader, profiled=False)
     session = Session()
-    torch.manual_seed(0)
-    profiled = list(ProfiledLoader(loader, session))
+    profiled = batches_of(loader, profiled=True, session=session)
     assert len(plain) == len(profiled) == 66
     assert all(same(a, b) for a, b in zip(plain, profiled))
     assert session.costs["ab_off_batches"] == 8

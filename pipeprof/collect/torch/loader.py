@@ -336,11 +336,16 @@ class ProfiledLoader:
 
     Yields exactly the batches ``loader`` would (moved to ``device`` when one is given). With
     ``ranges`` (NVTX, collect/ranges.py) each wait and each copy is a range, and the workers
-    emit their stages.
+    emit their stages. ``limit``: the batches a pass will take, where the caller knows it.
     """
 
     def __init__(
-        self, loader: DataLoader, session: Session, device: Any = None, ranges: Any = None
+        self,
+        loader: DataLoader,
+        session: Session,
+        device: Any = None,
+        ranges: Any = None,
+        limit: int | None = None,
     ) -> None:
         t0 = clock()
         self.user_loader = loader
@@ -356,7 +361,7 @@ class ProfiledLoader:
         self.own_ns = 0  # pipeprof's own time on this thread, inside next() (not the user's)
         self.transfer_ns = 0  # time spent moving batches to ``device`` so far
         self.last_starved = 0  # the last batch's wait until it was ready (NOTE [ Wait, split ])
-        self.limit: int | None = None  # the batches a pass will take, where known beforehand
+        self.limit = limit  # the batches a pass will take, where known beforehand
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self.session = session
         session.notes.extend(notes)
@@ -406,8 +411,11 @@ class ProfiledLoader:
             while True:
                 k += 1
                 s = self.session
-                measure = ab and k >= 1 and s.costs.get("ab_off_batches", 0) < AB_OFF_BATCHES
-                off = measure and k % AB_PERIOD == AB_PERIOD - 1 and rec.active == 1
+                measure = (  # a second profile in this process would lose its records
+                    ab and k >= 1 and rec.active == 1
+                    and s.costs.get("ab_off_batches", 0) < AB_OFF_BATCHES
+                )  # fmt: skip
+                off = measure and k % AB_PERIOD == AB_PERIOD - 1
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
                 before = rec.enter(mine)
