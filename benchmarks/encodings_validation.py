@@ -10,13 +10,15 @@ RandomResizedCrop(128), flip and ToTensor, batches of 16. ``bench_encodings`` pr
 samples/s at 2 workers with the files as they are and with each candidate; the whole dataset is
 then written presized (``convert_folder``, the row's codec) and as raw ``.npy`` files, and a
 real DataLoader with 2 workers runs over each (``pipeprof.bench.scaling.run_loader``: steady
-samples/s after every worker's first batch). "model" re-predicts each run for the cores other
-programs used during it, as ``pipeprof.bench``'s scaling table does; "predict" is the figure
-``bench_encodings`` printed. Error = predicted / measured - 1. "run CPU" is the model fed the CPU
-per batch the workers really used in the run (the scaling model alone, apart from how far the
-stand-alone costs drift on a shared VM); "gain error" compares the predicted gain over the
-current files (rate with the encoding ÷ rate with the files) with the measured one, runs back to
-back, which cancels the drift the two share.
+samples/s after every worker's first batch). "predict" is the figure ``bench_encodings``
+printed: the current files' rate measured in its own short run over the sample set, times the
+row's predicted gain (NOTE [ Anchored to a real run ]). "model" is the model alone (no run),
+re-predicted for the cores other programs used during each run, as ``pipeprof.bench``'s scaling
+table does. Error = predicted / measured - 1. "run CPU" is the model fed the CPU per batch the
+workers really used in the run (the scaling model alone, apart from how far the stand-alone
+costs drift on a shared VM); "gain error" compares the model's gain over the current files
+(rate with the encoding ÷ rate with the files) with the measured one, runs back to back. The
+runs of a round start with a different encoding each round.
 """
 
 from __future__ import annotations
@@ -91,11 +93,15 @@ def measured(ds: Any, e: Any, name: str, seconds: float) -> dict[str, Any]:
             "main_ms": round(base.main_ms, 3),
             "run_cpu_error": round(run_cpu / x - 1, 4) if run_cpu else None,
             "encoding": name, "predicted": round(pred, 1), "model": round(model, 1),
+            "model_alone": next(r for r in e.rows if r["encoding"] == name)[
+                "model_samples_per_s"],
             "measured": x, "error": round(model / x - 1, 4),
             "predict_error": round(pred / x - 1, 4), "others_cores": others}  # fmt: skip
 
 
-def one_round(root: str, tmp: str, samples: int, seconds: float) -> list[dict[str, Any]]:
+def one_round(
+    root: str, tmp: str, samples: int, seconds: float, turn: int = 0
+) -> list[dict[str, Any]]:
     ds = datasets.ImageFolder(root, transform=chain())
     e = pipeprof.bench_encodings(ds, samples=samples, workers=WORKERS, batch_size=BATCH)
     print(e.render("text", width=120))
@@ -105,13 +111,19 @@ def one_round(root: str, tmp: str, samples: int, seconds: float) -> list[dict[st
     if not os.path.isdir(small):
         convert_folder(root, small, codec)
     npy = NpyFolder(ds, os.path.join(tmp, "npy"))
-    runs = [
-        measured(ds, e, e.rows[0]["encoding"], seconds),
-        measured(datasets.ImageFolder(small, transform=chain()), e, sized["encoding"], seconds),
-        measured(npy, e, "npy (raw)", seconds),
+    todo = [
+        (ds, e.rows[0]["encoding"]),
+        (datasets.ImageFolder(small, transform=chain()), sized["encoding"]),
+        (npy, "npy (raw)"),
     ]
+    # Each round starts with a different encoding, so that none is always the first run after
+    # the stand-alone timings (or always the last): the order's effects spread over all three.
+    order = [(turn + i) % len(todo) for i in range(len(todo))]
+    done = {i: measured(todo[i][0], e, todo[i][1], seconds) for i in order}
+    runs = [done[i] for i in range(len(todo))]
     for r in runs[1:]:  # the gain over the current files, predicted vs measured back to back
-        gain, real = r["predicted"] / runs[0]["predicted"], r["measured"] / runs[0]["measured"]
+        gain = r["model_alone"] / runs[0]["model_alone"]
+        real = r["measured"] / runs[0]["measured"]
         r["gain_predicted"], r["gain_measured"] = round(gain, 4), round(real, 4)
         r["gain_error"] = round(gain / real - 1, 4)
     for r in runs:
@@ -124,20 +136,19 @@ def one_round(root: str, tmp: str, samples: int, seconds: float) -> list[dict[st
 
 def summarize(runs: list[dict[str, Any]]) -> None:
     print(
-        f"\n{'encoding':28} {'runs':>4} {'median error':>12} {'worst':>7} "
-        f"{'median predict':>14} {'median run CPU':>14} {'gain error':>11}"
+        f"\n{'encoding':28} {'runs':>4} {'predict, median':>15} {'worst':>7} "
+        f"{'model, median':>13} {'worst':>7} {'run CPU':>8} {'gain error':>11}"
     )
     for name in dict.fromkeys(r["encoding"] for r in runs):
         mine = [r for r in runs if r["encoding"] == name]
-        errs = [r["error"] for r in mine]
-        worst = max(errs, key=abs)
-        med = statistics.median(errs)
-        pe = statistics.median(r["predict_error"] for r in mine)
+        pes, errs = [r["predict_error"] for r in mine], [r["error"] for r in mine]
         rc = statistics.median(r["run_cpu_error"] for r in mine if r["run_cpu_error"] is not None)
         gains = [r["gain_error"] for r in mine if "gain_error" in r]
         ge = f"{statistics.median(gains):+.1%}" if gains else ""
         print(
-            f"{name:28} {len(mine):4d} {med:+12.1%} {worst:+7.1%} {pe:+14.1%} {rc:+14.1%} {ge:>11}"
+            f"{name:28} {len(mine):4d} {statistics.median(pes):+15.1%} "
+            f"{max(pes, key=abs):+7.1%} {statistics.median(errs):+13.1%} "
+            f"{max(errs, key=abs):+7.1%} {rc:+8.1%} {ge:>11}"
         )
 
 
@@ -159,8 +170,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "jpeg")
         make_images(root, count=args.images, size=(320, 320))
-        for _ in range(args.rounds):
-            runs += one_round(root, tmp, args.samples, args.seconds)
+        for turn in range(args.rounds):
+            runs += one_round(root, tmp, args.samples, args.seconds, turn)
     summarize(runs)
     if args.json:
         with open(args.json, "w") as f:

@@ -173,6 +173,9 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="write the samples in other storage encodings (JPEG qualities, presized "
                    "JPEG, PNG, WebP, npy, HDF5) and predict the throughput with each, at the "
                    "first --predict worker count (default: the loader's)")  # fmt: skip
+    b.add_argument("--seconds", type=_seconds, default=None,
+                   help="length of each real DataLoader run: the --workers runs (1), the "
+                   "current encoding's run that --encodings anchors its rates to (2; 0: none)")  # fmt: skip
     b.add_argument("--format", choices=("text", "json", "html"), default=None,
                    help="output format (default: from -o's extension, else text)")  # fmt: skip
     b.add_argument("-o", "--output", default=None, help="write here instead of standard output")
@@ -205,6 +208,17 @@ def _counts(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected worker counts of 0 or more, separated by commas (e.g. 1,2,4), got {text!r}"
         ) from None
+
+
+def _seconds(text: str) -> float:
+    """Seconds: a finite number, 0 or more."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (x >= 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"expected seconds, 0 or more (e.g. 2), got {text!r}")
+    return x
 
 
 def _rate(text: str) -> float:
@@ -364,6 +378,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         b = bench(
             source, transforms, workers=args.workers, samples=args.samples,
             repeat=args.repeat, batch_size=args.batch_size, seed=args.seed,
+            seconds=1.0 if args.seconds is None else args.seconds,
         )  # fmt: skip
         asked = []
         if not isinstance(b, Bench) or b.delivered:  # else a note says: no predictions
@@ -398,6 +413,7 @@ def _bench_encodings(args: argparse.Namespace, fmt: str, source: Any, transforms
         e = bench_encodings(
             source, samples=args.samples, seed=args.seed, repeat=args.repeat,
             batch_size=args.batch_size, workers=args.predict[0] if args.predict else None,
+            seconds=2.0 if args.seconds is None else args.seconds,
         )  # fmt: skip
     except (TypeError, NotImplementedError) as exc:  # what the target gave is not benchmarkable
         raise ValueError(str(exc)) from exc
