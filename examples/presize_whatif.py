@@ -6,9 +6,9 @@
 Photo-like JPEGs (``pipeprof.demo.make_images``) are read by an ImageFolder whose transform
 crops to 160 px. ``pipeprof.bench_encodings`` writes a fixed sample of them in other encodings
 (JPEG at lower qualities, JPEG presized to the crop, PNG, WebP, npy, HDF5) and predicts the
-samples/s with each. With ``--check`` the whole folder is written presized as the table's row
-says and a real DataLoader runs over the copy, to hold the prediction against (on a shared
-VM the stand-alone costs drift: see docs/bench.md, "Storage encodings").
+samples/s with each, anchored to a 2-second real run of the JPEGs as they are. With ``--check``
+the whole folder is written presized as the table's row says and a real DataLoader runs over the
+copy, to hold the prediction against (docs/bench.md, "Storage encodings", has the validation).
 """
 
 from __future__ import annotations

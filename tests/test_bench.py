@@ -260,7 +260,10 @@ def test_cli_bench(target, capsys):
     assert data["asked"][0]["workers"] == 2 and data["asked"][0]["compute_samples_per_s"] == 100
     assert main(["bench", f"{factory}:nope"]) == 2
     assert "has no attribute" in capsys.readouterr().err
-    assert main(["bench", f"{factory}:make", "--repeat", "1", "--workers", "1"]) == 0
+    assert (
+        main(["bench", f"{factory}:make", "--repeat", "1", "--workers", "1", "--seconds", "0.2"])
+        == 0
+    )
     assert "worker processes" in capsys.readouterr().out
     source, chain = resolve(f"{factory}:loader")
     assert chain is None and source.batch_size == 2
