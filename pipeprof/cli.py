@@ -174,8 +174,9 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    "JPEG, PNG, WebP, npy, HDF5) and predict the throughput with each, at the "
                    "first --predict worker count (default: the loader's)")  # fmt: skip
     b.add_argument("--seconds", type=_seconds, default=None,
-                   help="length of each real DataLoader run: the --workers runs (1), the "
-                   "current encoding's run that --encodings anchors its rates to (2; 0: none)")  # fmt: skip
+                   help="seconds of each real DataLoader run: the --workers runs (1), the "
+                   "current encoding's run that --encodings anchors its rates to "
+                   "(2; 0: no run)")  # fmt: skip
     b.add_argument("--format", choices=("text", "json", "html"), default=None,
                    help="output format (default: from -o's extension, else text)")  # fmt: skip
     b.add_argument("-o", "--output", default=None, help="write here instead of standard output")
