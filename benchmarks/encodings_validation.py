@@ -4,21 +4,22 @@ against a real DataLoader run over the dataset written in it.
     .venv/bin/python benchmarks/encodings_validation.py                 # 3 rounds, ~1 minute
     .venv/bin/python benchmarks/encodings_validation.py --rounds 5 --json enc.json
     ENC_WORKERS=1 .venv/bin/python benchmarks/encodings_validation.py   # at 1 worker
+    ENC_CROP=160 .venv/bin/python benchmarks/encodings_validation.py --width 500 --height 375
 
-An ImageFolder of photo-like JPEGs (``pipeprof.demo.make_images``, 320×320, quality 90) with
-RandomResizedCrop(128), flip and ToTensor, batches of 16. ``bench_encodings`` predicts the
-samples/s at 2 workers with the files as they are and with each candidate; the whole dataset is
-then written presized (``convert_folder``, the row's codec) and as raw ``.npy`` files, and a
-real DataLoader with 2 workers runs over each (``pipeprof.bench.scaling.run_loader``: steady
-samples/s after every worker's first batch). "predict" is the figure ``bench_encodings``
-printed: the current files' rate measured in its own short run over the sample set, times the
-row's predicted gain (NOTE [ Anchored to a real run ]). "model" is the model alone (no run),
-re-predicted for the cores other programs used during each run, as ``pipeprof.bench``'s scaling
-table does. Error = predicted / measured - 1. "run CPU" is the model fed the CPU per batch the
-workers really used in the run (the scaling model alone, apart from how far the stand-alone
-costs drift on a shared VM); "gain error" compares the model's gain over the current files
-(rate with the encoding ÷ rate with the files) with the measured one, runs back to back. The
-runs of a round start with a different encoding each round.
+An ImageFolder of photo-like JPEGs (``pipeprof.demo.make_images``, 320×320 or ``--width`` ×
+``--height``, quality 90) with RandomResizedCrop(128) (or ``ENC_CROP``), flip and ToTensor,
+batches of 16. ``bench_encodings`` predicts the samples/s at 2 workers with the files as they
+are and with each candidate; the whole dataset is then written presized (``convert_folder``, the
+row's codec) and as raw ``.npy`` files, and a real DataLoader with 2 workers runs over each
+(``pipeprof.bench.scaling.run_loader``: steady samples/s after every worker's first batch).
+"predict" is the figure ``bench_encodings`` printed: the current files' rate measured in its own
+short run over the sample set, times the row's predicted gain (NOTE [ Anchored to a real run ]).
+"model" is the model alone (no run), re-predicted for the cores other programs used during each
+run, as ``pipeprof.bench``'s scaling table does. Error = predicted / measured - 1. "run CPU" is
+the model fed the CPU per batch the workers really used in the run (the scaling model alone,
+apart from how far the stand-alone costs drift on a shared VM); "gain error" compares the
+model's gain over the current files (rate with the encoding ÷ rate with the files) with the
+measured one, runs back to back. The runs of a round start with a different encoding each round.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ from whatif_validation import with_cpu
 WORKERS, BATCH = int(os.environ.get("ENC_WORKERS", "2")), 16
 
 
+CROP = int(os.environ.get("ENC_CROP", "128"))
+
+
 def chain() -> Any:
     return transforms.Compose(
-        [transforms.RandomResizedCrop(128), transforms.RandomHorizontalFlip(),
+        [transforms.RandomResizedCrop(CROP), transforms.RandomHorizontalFlip(),
          transforms.ToTensor()]
     )  # fmt: skip
 
@@ -156,6 +160,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--images", type=int, default=96)
+    p.add_argument("--width", type=int, default=320)
+    p.add_argument("--height", type=int, default=320)
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--json", default=None)
@@ -169,7 +175,7 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "jpeg")
-        make_images(root, count=args.images, size=(320, 320))
+        make_images(root, count=args.images, size=(args.width, args.height))
         for turn in range(args.rounds):
             runs += one_round(root, tmp, args.samples, args.seconds, turn)
     summarize(runs)

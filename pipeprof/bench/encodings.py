@@ -85,7 +85,11 @@ def bench_encodings(
     rate, and every other row's is it times the row's predicted gain (NOTE [ Anchored to a real
     run ]); ``seconds=0`` keeps the model's figures alone.
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not (0 <= seconds < math.inf)
+    ):
         raise ValueError(f"seconds must be a number of seconds, 0 or more, got {seconds!r}")
     unknown = set(kinds or ()) - set(KINDS)
     if unknown:
@@ -470,15 +474,17 @@ class Encodings(Result):
 
     def predict(self, encoding: str, workers: int | None = None) -> float:
         """Predicted samples/s with ``encoding`` (a row's name) at ``workers`` (default: the
-        benchmark's, where the rate is anchored to the measured run); at another count, the
-        model's alone. ``KeyError`` for an unknown or not applicable row."""
+        benchmark's); at another count, the model's rate there times the same anchor factor
+        (measured ÷ modelled at the benchmark's count). ``KeyError`` for an unknown or not
+        applicable row."""
         row = next((r for r in self.rows if r["encoding"] == encoding), None)
         if row is None or not row.get("applicable"):
             names = ", ".join(r["encoding"] for r in self.rows if r.get("applicable"))
             raise KeyError(f"no applicable encoding {encoding!r}; these are: {names}")
         if workers is None or workers == self.workers:
             return float(row["predicted_samples_per_s"])
-        return float(whatif.throughput(self.models[encoding], workers))
+        factor = self.anchor.get("factor") or 1.0
+        return float(whatif.throughput(self.models[encoding], workers)) * factor
 
     def __repr__(self) -> str:
         return f"<pipeprof.Encodings {len(self.rows)} encodings, best: {self.best['encoding']}>"
