@@ -182,6 +182,7 @@ def test_a_bad_chunk_layout_gives_the_amplification_finding_and_rechunking_pays(
     assert f["evidence"]["chunks_per_read"] == 1.0 and f["evidence"]["every_read_decodes"]
     assert f["evidence"]["read_shape"] == [1, 32, 32]
     assert "chunks=(1, 32, 32)" in f["fix"] and "rdcc_nbytes" in f["fix"] and "lzf" in f["fix"]
+    assert "pipeprof bench TARGET --encodings" in f["fix"]  # the rate after it, measured
     # the section in text and HTML: the dataset's row with its layout against its reads
     row = h5_rows(report)["/x"]
     line = [ln for ln in report.render("text").splitlines() if ln.startswith("bad.h5:/x")]
