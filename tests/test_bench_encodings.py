@@ -135,6 +135,7 @@ def test_the_rates_are_anchored_to_a_real_run_of_the_current_encoding(jpegs):
     assert e.predict("npy (raw)", workers=1) == pytest.approx(
         whatif.throughput(e.models["npy (raw)"], 1) * a["factor"])  # another count: the same factor
     assert "the current encoding's is measured" in str(e)
+    assert not any("hand-over waits" in n for n in e["notes"])  # < 500 batches/s: no warning
     for bad in (-1, float("nan"), float("inf"), "2"):
         with pytest.raises(ValueError, match="seconds must be"):
             pipeprof.bench_encodings(ds, seconds=bad)
@@ -154,8 +155,10 @@ def test_no_real_run_over_a_dataset_holding_an_open_h5py_file(tmp_path):
     assert any("not checked against a real run" in n for n in e["notes"])
     lazy = LazyH5(path)  # opens its file in the process that reads: the run is safe
     e = pipeprof.bench_encodings(lazy, samples=8, kinds=["npy"], repeat=1, warmup=1,
-                                 probe=False, workers=1, seconds=0.5)  # fmt: skip
+                                 probe=False, workers=1, seconds=0.5, batch_size=2)  # fmt: skip
     assert e["anchor"]["measured_samples_per_s"] > 0 and lazy.f is None
+    # 8×8 floats in batches of 2: well over 500 batches/s, where the model runs high: said
+    assert any("batches/s, where each batch's hand-over" in n for n in e["notes"])
 
 
 def test_float_hdf5_samples_get_hdf5_rows_and_no_image_rows(tmp_path):

@@ -52,6 +52,7 @@ from pipeprof.render.result import Result
 
 SCHEMA = "pipeprof-encodings/1"
 WORTH = 1.05  # a candidate this much faster than the current encoding is named the best
+SHORT_BATCHES = 500  # batches/s above which the hand-over's latency is missing (docs/bench.md)
 LOWER_QUALITIES = (90, 75, 50)
 KINDS = ("jpeg", "png", "webp", "npy", "hdf5")
 
@@ -417,6 +418,14 @@ class Encodings(Result):
                 r["speedup"] = _r(r["predicted_samples_per_s"] / base["predicted_samples_per_s"], 4)
             if r.get("applicable") and base.get("bytes_per_sample") and r["bytes_per_sample"]:
                 r["size_vs_current"] = _r(r["bytes_per_sample"] / base["bytes_per_sample"], 4)
+        fast = [r["encoding"] for r in rows if r.get("applicable") and workers > 0
+                and (r["predicted_samples_per_s"] or 0) / b.batch_size > SHORT_BATCHES]  # fmt: skip
+        if fast:
+            self.notes.append(
+                f"{', '.join(fast)}: predicted at over {SHORT_BATCHES} batches/s, where each "
+                "batch's hand-over waits for busy cores and real runs fall short of the model "
+                "(+34 % measured at 850 batches/s, docs/bench.md); a larger batch_size avoids it"
+            )
         sized = next((r for r in rows if r.get("presize_basis")), None)
         if sized is not None:
             self.notes.append(
