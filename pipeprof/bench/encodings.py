@@ -166,12 +166,12 @@ def anchored(
     from pipeprof.collect import hdf5
 
     h5py = sys.modules.get("h5py")
-    handles = [] if h5py is None else hdf5.inherited_handles(source)
     if seconds <= 0:
         out["skipped"] = "seconds=0"
     elif not raw:
         out["skipped"] = "the model predicts no rate for the current encoding"
-    elif (h5py is not None and isinstance(source, h5py.Dataset)) or handles:
+    elif h5py is not None and (isinstance(source, h5py.Dataset)
+                               or hdf5.inherited_handles(source)):  # fmt: skip
         out["skipped"] = ("the dataset holds an open h5py file, which DataLoader workers must not "
                           "inherit (docs/hdf5.md)")  # fmt: skip
     if out["skipped"]:
