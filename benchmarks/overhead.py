@@ -6,8 +6,9 @@ layout, ``RandomResizedCrop(128)`` / ``RandomHorizontalFlip`` / ``ToTensor`` / `
 workers afresh and joins them at its end). ``--step-ms`` sleeps that long per batch in the loop, a
 stand-in for a training step (default 0: none).
 
-Each round runs one epoch of every variant, in an order rotated from round to round, after one
-warm-up epoch of each (not reported; it also loads Kineto for torch.profiler):
+Each round runs one epoch of every variant (``--epochs N``: N epochs in one window, one Profiler
+across them), in an order rotated from round to round, after one warm-up epoch of each (not
+reported; it also loads Kineto for torch.profiler):
 
   plain           ``for batch in loader``
   pipeprof        ``prof = pipeprof.Profiler(); with prof: for batch in prof.wrap(loader)``, a
@@ -43,6 +44,17 @@ torch.profiler is made to just after its ``with`` block ends, workers joined):
   self-reported   for pipeprof, ``report["overhead"]`` (all its keys), and its ``estimated_s``
                   against the measured extra CPU, pipeprof's all-process CPU minus plain's in the
                   same round.
+  added CPU       the mean over rounds of each variant's CPU minus plain's, µs per sample, with
+                  its standard error: all processes, the main process, the workers' user time
+                  and their system time apart.
+
+The workers' system time is mostly minor page faults, and with glibc's default malloc their count
+swings from run to run with the heap's layout (the dynamic mmap and trim thresholds: a freed
+block at the top of the heap goes back to the kernel, the next sample faults it in again), by
+more than pipeprof's own cost. Fixed thresholds take that out (docs/overhead.md, "Page faults"):
+
+    MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=268435456 \
+        python benchmarks/overhead.py --root /tmp/jpeg160 --rounds 12
 
     python benchmarks/overhead.py                          # 1024 images, 2 workers, 9 rounds
     python benchmarks/overhead.py --rounds 2 --images 256  # a quick check
@@ -53,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import resource
@@ -233,34 +246,48 @@ def _rusage_s(who: int) -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _rusage_parts(who: int) -> tuple[float, float, int]:
+    """User seconds, system seconds and minor page faults."""
+    r = resource.getrusage(who)
+    return r.ru_utime, r.ru_stime, r.ru_minflt
+
+
 def _alive_children() -> int:
     import psutil
 
     return sum(1 for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE)
 
 
-def epoch(variant: str, loader: Any, step_s: float, monitor: Monitor) -> dict[str, Any]:
+def passes(loader: Any, n: int) -> Iterable[Any]:
+    """``n`` epochs of ``loader`` back to back (each ``iter()`` is a new pass)."""
+    return itertools.chain.from_iterable(loader for _ in range(n))
+
+
+def epoch(
+    variant: str, loader: Any, step_s: float, monitor: Monitor, epochs: int = 1
+) -> dict[str, Any]:
     """One epoch of ``variant`` with its CPU per process and thread (see the module docstring)."""
     gc.collect()  # outside the window, the same for every variant
     extra: dict[str, Any] = {}
     self0, kids0 = monitor.begin()
+    parts0 = _rusage_parts(resource.RUSAGE_CHILDREN)
     t0 = clock()
     prof: Any = None
     if variant == "plain":
-        out = consume(loader, step_s)
+        out = consume(passes(loader, epochs), step_s)
         t_loop = clock()
     elif variant == "pipeprof":
         import pipeprof
 
         prof = pipeprof.Profiler()
         with prof:
-            out = consume(prof.wrap(loader), step_s)
+            out = consume(passes(prof.wrap(loader), epochs), step_s)
             t_loop = clock()
     elif variant == "torch.profiler":
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]):
-            out = consume(loader, step_s)
+            out = consume(passes(loader, epochs), step_s)
             t_loop = clock()
     else:
         raise ValueError(variant)
@@ -270,6 +297,7 @@ def epoch(variant: str, loader: Any, step_s: float, monitor: Monitor) -> dict[st
         gc.collect()
         alive = _alive_children()
     threads, workers, (self1, kids1) = monitor.end()
+    parts1 = _rusage_parts(resource.RUSAGE_CHILDREN)
     self_s, kids_s = self1 - self0, kids1 - kids0
     groups = {g: 0.0 for g in GROUPS}
     for t in threads:
@@ -287,6 +315,9 @@ def epoch(variant: str, loader: Any, step_s: float, monitor: Monitor) -> dict[st
         "cpu_s": self_s + kids_s,
         "main_process_s": self_s,
         "workers_s": kids_s,
+        "workers_user_s": parts1[0] - parts0[0],
+        "workers_sys_s": parts1[1] - parts0[1],
+        "workers_minflt": parts1[2] - parts0[2],
         "workers_proc_s": sum(workers.values()),
         "workers_proc": {str(k): v for k, v in workers.items()},
         "workers_alive_after": alive,
@@ -333,6 +364,9 @@ ROWS: list[tuple[str, str, Any]] = [  # (JSON key, table label, figure of a roun
     ("monitor_ms", "    bench-monitor", lambda r, p: _group(r, "monitor")),
     ("unattributed_ms", "    unattributed", lambda r, p: _group(r, "unattributed")),
     ("workers_ms", "  workers (RUSAGE_CHILDREN)", lambda r, p: r["workers_s"] * 1e3 / r["samples"]),
+    ("workers_user_ms", "    user", lambda r, p: r["workers_user_s"] * 1e3 / r["samples"]),
+    ("workers_sys_ms", "    system", lambda r, p: r["workers_sys_s"] * 1e3 / r["samples"]),
+    ("workers_minflt", "    minor page faults", lambda r, p: r["workers_minflt"]),
     (
         "workers_proc_ms",
         "    workers (/proc, last reading)",
@@ -365,6 +399,12 @@ def summarise(rounds: list[dict[str, Any]], variants: list[str]) -> dict[str, An
         if v != "plain":
             ratios = [r[v]["cpu_s"] / r["plain"]["cpu_s"] for r in rounds]
             out[v]["cpu_overhead_pct"] = (statistics.median(ratios) - 1) * 100
+            out[v]["added_us_per_sample"] = {
+                label: _mean_se(
+                    [(r[v][key] - r["plain"][key]) * 1e6 / r[v]["samples"] for r in rounds]
+                )
+                for key, label in DIFFS
+            }
     if "pipeprof" in variants:
         pp = [r["pipeprof"] for r in rounds]
         measured = [r["pipeprof"]["cpu_s"] - r["plain"]["cpu_s"] for r in rounds]
@@ -382,6 +422,26 @@ def summarise(rounds: list[dict[str, Any]], variants: list[str]) -> dict[str, An
     return out
 
 
+# Per-round differences from plain, averaged: the mean and its standard error say how well the
+# rounds pin the added CPU down (a median of ratios hides that). The workers' user and system
+# time apart: what pipeprof runs in a worker is user time; their system time is mostly page
+# faults, and a fresh worker's count of those moves with what it touches of its parent's heap
+# (a full garbage collection after fork touches all of it, docs/overhead.md).
+DIFFS = (
+    ("cpu_s", "all processes"),
+    ("main_process_s", "main process"),
+    ("workers_user_s", "workers, user"),
+    ("workers_sys_s", "workers, system"),
+)
+
+
+def _mean_se(vals: list[float]) -> dict[str, float]:
+    n = len(vals)
+    mean = statistics.fmean(vals)
+    se = statistics.stdev(vals) / n**0.5 if n > 1 else float("nan")
+    return {"mean": mean, "se": se}
+
+
 def _cell(s: dict[str, float], fmt: str) -> str:
     return f"{s['median']:{fmt}} [{s['min']:{fmt}}-{s['max']:{fmt}}]"
 
@@ -392,13 +452,15 @@ def table(result: dict[str, Any]) -> str:
     variants = st["variants"]
     lines = [
         f"CPU overhead: {st['images']} JPEGs 160x160, batch {st['batch_size']}, {st['workers']} "
-        f"workers (not persistent), step {st['step_ms']} ms, {st['rounds']} interleaved rounds",
+        f"workers (not persistent), step {st['step_ms']} ms, {st['rounds']} interleaved rounds of "
+        f"{st['epochs']} epoch{'s' * (st['epochs'] != 1)}"
+        + "".join(f", {k}={v}" for k, v in st["malloc_env"].items()),
         "cells: median [min-max] over rounds; ms/sample are CPU ms per sample of the epoch",
         "",
         f"{'':34s}" + "".join(f"{v:>26s}" for v in variants),
     ]
     for key, label, _ in ROWS:
-        fmt = ".1f" if "samples/s" in label else ".3f"
+        fmt = ".1f" if "samples/s" in label else ".0f" if "faults" in label else ".3f"
         cells = []
         for v in variants:
             if "ratio" in key and v == "plain":
@@ -411,6 +473,15 @@ def table(result: dict[str, Any]) -> str:
         f"workers still alive after an epoch's loop (RUSAGE_CHILDREN would miss them): {alive}"
     )
     summ = result["summary"]
+    lines.append("")
+    lines.append("added CPU, µs per sample: mean of the per-round differences from plain ± its SE")
+    for v in variants:
+        if v != "plain":
+            cells = [
+                f"{label} {d['mean']:+.1f} ± {d['se']:.1f}"
+                for label, d in summ[v]["added_us_per_sample"].items()
+            ]
+            lines.append(f"  {v:15s} " + "; ".join(cells))
     if "self_reported" in summ:
         sr = summ["self_reported"]
         lines.append("")
@@ -423,6 +494,13 @@ def table(result: dict[str, Any]) -> str:
         )
         lines.append(
             f"  self-reported / measured overhead: {_cell(sr['estimated_over_measured'], '.3f')}"
+        )
+        pp = summ["pipeprof"]["added_us_per_sample"]["all processes"]
+        n = rounds[0]["pipeprof"]["samples"]
+        est_us = sr["estimated_s"]["median"] * 1e6 / n
+        lines.append(
+            f"  self-reported {est_us:.1f} µs a sample vs measured {pp['mean']:+.1f} ± "
+            f"{pp['se']:.1f} (mean of the rounds)"
         )
         lines.append(
             f"  prof.report() (outside the window): wall {_cell(sr['report_wall_s'], '.3f')} s, "
@@ -451,13 +529,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds (medians reported)")
+    ap.add_argument(
+        "--epochs", type=int, default=1, help="epochs per window (one Profiler across them)"
+    )
     ap.add_argument("--step-ms", type=float, default=0.0, help="simulated training step per batch")
     ap.add_argument("--monitor-ms", type=float, default=50.0, help="thread/worker polling period")
     ap.add_argument("--discover-ms", type=float, default=200.0, help="new-worker lookup period")
     ap.add_argument("--root", help="use (and keep) this image folder instead of a temp dir")
     ap.add_argument("--json", metavar="OUT", help="also write every round's raw figures as JSON")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.images < 1 or args.workers < 1:
+    if args.rounds < 1 or args.images < 1 or args.workers < 1 or args.epochs < 1:
         ap.error("--rounds, --images and --workers must be >= 1 (workers: their CPU is measured)")
     variants = list(VARIANTS)
     load_start = os.getloadavg()
@@ -487,13 +568,13 @@ def main(argv: list[str] | None = None) -> int:
         step_s = args.step_ms / 1e3
         monitor.start()
         for v in variants:  # warm-up: page cache, imports, Kineto; not reported
-            epoch(v, loader, step_s, monitor)
+            epoch(v, loader, step_s, monitor, args.epochs)
         print("warm-up done", file=sys.stderr, flush=True)
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
             k = r % len(variants)
             order = variants[k:] + variants[:k]
-            res: dict[str, Any] = {v: epoch(v, loader, step_s, monitor) for v in order}
+            res: dict[str, Any] = {v: epoch(v, loader, step_s, monitor, args.epochs) for v in order}
             res["order"] = order
             rounds.append(res)
             line = "  ".join(
@@ -514,7 +595,9 @@ def main(argv: list[str] | None = None) -> int:
                 "image_size": [160, 160],
                 "batch_size": args.batch_size,
                 "rounds": args.rounds,
+                "epochs": args.epochs,
                 "step_ms": args.step_ms,
+                "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
                 "monitor_ms": args.monitor_ms,
                 "discover_ms": args.discover_ms,
                 "thread_clock": "schedstat ns" if SCHEDSTAT else "stat clock ticks",
