@@ -118,6 +118,15 @@ class CostDataset(Dataset):
         return x, i
 
 
+class TellsItsTransform(CostDataset):
+    """Sample i comes with 1 where the transform it ran was the user's own object and 0 where it
+    was a stand-in of pipeprof's (``type()`` shows a stand-in), from any process."""
+
+    def __getitem__(self, i: int):
+        x, _ = super().__getitem__(i)
+        return x, int(type(self.transform) is Scale)
+
+
 class ItemsDataset(CostDataset):
     """Has ``__getitems__``: fetches a whole batch in one call."""
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from pipelines import CostDataset, Scale, spin
+from pipelines import CostDataset, ItemsDataset, Scale, TellsItsTransform, spin
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
@@ -377,11 +377,67 @@ def test_unprofiled_batches_count_their_samples_as_profiled_ones_do():
     assert report["stages"]["load"]["count"] == 70 - 8
 
 
+def _workers_profile(loader, epochs: int = 1):
+    """A Profiler over ``epochs`` passes of ``loader``: its report and the batches it yielded."""
+    prof = pipeprof.Profiler(sample_hz=0)
+    got = []
+    with prof:
+        wrapped = prof.wrap(loader)
+        for _ in range(epochs):
+            got += list(wrapped)
+    return prof.report(), got
+
+
+@pytest.mark.parametrize("data", [CostDataset, ItemsDataset])
+def test_unprofiled_batches_measure_what_profiling_costs_in_workers(data):
+    # NOTE [ Unprofiled batches ], in workers: 64 batches of 4, 2 workers, 32 batches each; each
+    # worker fetches its batches 7, 15, 23 and 31 unprofiled and the CPU it spent on them is
+    # compared with what it spent on the others from its second on
+    n = 64 * 4
+    loader = DataLoader(
+        data(n, transform=OnlyWhileProfiled()), batch_size=4, num_workers=2,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    report, got = _workers_profile(loader)
+    ab = report["overhead"]["unprofiled_batches"]
+    assert ab["in"] == "workers" and ab["batches"] == [54, 8] and ab["unprofiled_samples"] == 32
+    # the injected 200 µs a sample, and pipeprof's own regions and packing around it
+    assert 190_000 <= ab["per_sample_ns"] <= 300_000 and ab["used"], ab
+    assert report["overhead"]["regions_s"] == pytest.approx(
+        ab["per_sample_ns"] * (n - 32) / 1e9, rel=1e-3
+    )
+    assert report["samples"] == n and sorted(int(i) for _, b in got for i in b) == list(range(n))
+    assert sum(w["samples"] for w in report["workers"]) == n  # all counted as theirs
+    stage = report["stages"]["transform/OnlyWhileProfiled"]
+    assert stage["count"] == n - 32  # the unprofiled batches have no records
+    assert stage["per_sample_ms"] == pytest.approx(stage["mean_ms"], rel=1e-3)
+    assert stage["mean_ms"] >= 0.195  # wall time: two workers and the loop share 2 cores here
+    assert report["loop"]["steps"] == 64
+    text = " ".join(report.render("text").split())
+    assert "against 8 batches fetched unprofiled in the workers" in text
+
+
+def test_unprofiled_batches_in_spawned_workers_run_the_users_own_transforms():
+    # the stand-ins and what they stand in for travel to a spawned worker in one pickle, so
+    # setting the user's own back reaches the very objects its dataset copy calls; a short
+    # loader's second pass is one too (a first pass of under 64 batches keeps every record)
+    data = TellsItsTransform(32 * 4, transform=Scale(0.0))
+    loader = DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    report, got = _workers_profile(loader, epochs=2)
+    own = [int(f) for _, flags in got for f in flags]
+    assert len(own) == 64 * 4
+    assert sum(own[: 32 * 4]) == 0  # the first pass: every sample through the stand-in
+    assert sum(own) == 4 * 4 == report["overhead"]["unprofiled_batches"]["unprofiled_samples"]
+    assert report["stages"]["transform/Scale"]["count"] == 64 * 4 - 16
+    text = " ".join(report.render("text").split())
+    assert "4 batches fetched unprofiled in the workers, too few to measure against" in text
+
+
 def test_a_short_or_parallel_loader_is_never_fetched_unprofiled():
     for loader, batches in (
         (DataLoader(CostDataset(63 * 4), batch_size=4), None),
         (DataLoader(CostDataset(100 * 4), batch_size=4), 63),  # the run takes 63 of them
-        (DataLoader(CostDataset(64 * 4), batch_size=4, num_workers=1), None),
+        (DataLoader(CostDataset(63 * 4), batch_size=4, num_workers=1), None),
     ):
         report = pipeprof.profile(loader, batches=batches)
         assert report["overhead"]["unprofiled_batches"] is None

@@ -63,9 +63,10 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
     # the batches fetched with the recorder off have no records in the loader's stages
     # (NOTE [ Unprofiled batches ] in collect/torch/loader.py)
     costs = session.costs
+    off = [costs.get(f"{k}_off_{n}", 0) for n in ("samples", "batches") for k in ("ab", "abw")]
     profiled = (
-        max(session.samples - costs.get("ab_off_samples", 0), 1),
-        max(session.batches - costs.get("ab_off_batches", 0), 1),
+        max(session.samples - off[0] - off[1], 1),
+        max(session.batches - off[2] - off[3], 1),
     )
     pipeline_s = top_total(table) or 1.0
     for path, row in table.items():
@@ -181,29 +182,41 @@ COLD_AFTER_NS = 10_000
 AB_MIN_OFF = 8  # unprofiled batches before their comparison is used (NOTE [ Unprofiled batches ])
 
 
-def inprocess_ab(session: Session) -> dict[str, Any] | None:
-    """NOTE [ Unprofiled batches ] in collect/torch/loader.py: the process's CPU per sample
-    inside ``next()`` (all its threads), profiled batches against the unprofiled ones among
-    them, and the standard error of the difference from the spread between batches; None below
-    AB_MIN_OFF of each."""
+def inprocess_ab(session: Session, prefix: str = "ab") -> dict[str, Any] | None:
+    """NOTE [ Unprofiled batches ] in collect/torch/loader.py: the CPU per sample of the
+    profiled batches against the unprofiled ones among them, and the standard error of the
+    difference from the spread between batches (None below AB_MIN_OFF batches of each, when
+    they say too little); None when no batch was fetched unprofiled. ``prefix`` ``ab``: the
+    process's CPU inside ``next()`` (all its threads), no workers; ``abw``: each worker's CPU
+    for its batches."""
     c = session.costs
+    if not c.get(f"{prefix}_off_batches", 0):
+        return None
     arms = {}
     for arm in ("on", "off"):
-        n, samples = c.get(f"ab_{arm}_batches", 0), c.get(f"ab_{arm}_samples", 0)
-        if n < AB_MIN_OFF or samples <= 0:
-            return None
-        q, qq = c.get(f"ab_{arm}_q", 0), c.get(f"ab_{arm}_qq", 0)
-        var = max(0.0, (qq - q * q / n) / (n - 1))
-        arms[arm] = (c.get(f"ab_{arm}_ns", 0) / samples, var / n, n)
+        n, samples = c.get(f"{prefix}_{arm}_batches", 0), c.get(f"{prefix}_{arm}_samples", 0)
+        q, qq = c.get(f"{prefix}_{arm}_q", 0), c.get(f"{prefix}_{arm}_qq", 0)
+        var = max(0.0, (qq - q * q / n) / (n - 1)) if n > 1 else 0.0
+        arms[arm] = (c.get(f"{prefix}_{arm}_ns", 0) / max(samples, 1), var / max(n, 1), n)
     (on, v_on, n_on), (off, v_off, n_off) = arms["on"], arms["off"]
+    enough = min(n_on, n_off) >= AB_MIN_OFF
     return {
-        "profiled_ns": round(on, 1),
+        "in": "workers" if prefix == "abw" else "main",
+        "profiled_ns": round(on, 1) if n_on else None,
         "unprofiled_ns": round(off, 1),
-        "per_sample_ns": round(on - off, 1),
-        "stderr_ns": round(math.sqrt(v_on + v_off), 1),
+        "per_sample_ns": round(on - off, 1) if enough else None,
+        "stderr_ns": round(math.sqrt(v_on + v_off), 1) if enough else None,
         "batches": [n_on, n_off],
-        "unprofiled_samples": c.get("ab_off_samples", 0),
+        "unprofiled_samples": c.get(f"{prefix}_off_samples", 0),
     }
+
+
+def _measured(ab: dict[str, Any] | None) -> bool:
+    """An unprofiled-batch comparison that says more than its noise (used from one standard
+    error on: a few preempted batches widen the error more than they move the difference)."""
+    return ab is not None and ab["per_sample_ns"] is not None and (
+        ab["per_sample_ns"] > ab["stderr_ns"]
+    )
 
 
 def _r1(x: float | None) -> float | None:
@@ -248,15 +261,31 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
     ab = inprocess_ab(session)
     workers = any(t.startswith("worker") for t in session.workers)  # another loader's regions
-    if ab is not None and ab["per_sample_ns"] > ab["stderr_ns"] and not workers:
+    if ab is not None and _measured(ab) and not workers:
         # measured in situ, displacement and all: what the profiled samples cost over the
-        # unprofiled ones (the rest are the batches fetched with the recorder off). A few
-        # preempted batches widen the error more than they move the difference: used from one
-        # standard error of it on, else the probes
+        # unprofiled ones (the rest are the batches fetched with the recorder off), else the
+        # probes
         profiled = session.samples - ab["unprofiled_samples"]
         ab["probed_s"] = round(regions_s, 6)  # what the probes would have stated
         regions_s = ab["per_sample_ns"] * profiled / 1e9
         ab["used"] = True
+    wab = inprocess_ab(session, "abw") if ab is None or not ab.get("used") else None
+    if wab is not None:
+        ab = wab
+        if _measured(wab):
+            # the same, in the workers: their regions, packing and probes are in the difference;
+            # the training process's own regions (its copies, the loop's stages) as modelled
+            kept = [w.samples for t, w in session.workers.items() if t.startswith("worker")]
+            profiled = sum(kept) - wab["unprofiled_samples"]
+            main_events = max(0, session.events - costs.get("worker_events", 0))
+            each_ns = (
+                region_ns + displaced_ns
+                if in_situ_ns is not None and region_ns is not None
+                else session.overhead_ns
+            )
+            wab["probed_s"] = round(regions_s, 6)
+            regions_s = (wab["per_sample_ns"] * profiled + main_events * each_ns) / 1e9
+            wab["used"] = True
     main_s = costs.get("main_ns", 0) / 1e9
     loop_s = costs.get("loop_ns", 0) / 1e9
     control_s = costs.get("control_ns", 0) / 1e9  # Profiler(), start() and stop()

@@ -126,11 +126,12 @@ def overhead_line(data: dict[str, Any]) -> str:
     o = data.get("overhead") or {}
     of = "of the CPU the run used" if o.get("basis") == "cpu" else "of measured time"
     ab = o.get("unprofiled_batches") or {}
+    off = ab.get("batches", [0, 0])[1]
+    where = " in the workers" if ab.get("in") == "workers" else ""
     if ab.get("used"):  # measured against batches fetched unprofiled: packing and probes in it
-        off = ab["batches"][1]
         parts = [
             f"{o.get('events', 0):,} timed regions at {num(ab['per_sample_ns'] / 1e3)} µs a sample"
-            f" ± {num(ab['stderr_ns'] / 1e3)}, against {off} batches fetched unprofiled"
+            f" ± {num(ab['stderr_ns'] / 1e3)}, against {off} batches fetched unprofiled{where}"
         ]
     elif o.get("in_situ_ns") is not None:  # packing is counted apart, as measured
         each = o.get("region_ns") or o["in_situ_ns"]
@@ -141,6 +142,8 @@ def overhead_line(data: dict[str, Any]) -> str:
             parts.append(f"packing records {num(o['pack_s'] * 1e3)} ms")
     else:  # the calibrated cost holds the packing
         parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
+    if off and not ab.get("used"):  # why the stages count fewer samples than the run had
+        parts.append(f"{off} batches fetched unprofiled{where}, too few to measure against")
     for key, what in (("main_s", "bookkeeping in next()"), ("loop_s", "between steps"),
                       ("control_s", "start and stop"),
                       ("settle_s", "folding records"),

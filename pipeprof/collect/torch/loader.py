@@ -47,12 +47,17 @@ from pipeprof.core.session import Session
 # Named like torch.profiler's own span so that traces line up.
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
-# NOTE [ Unprofiled batches ]: with num_workers=0 a loader of at least AB_MIN_BATCHES batches
-# fetches one batch in AB_PERIOD with the recorder off and the dataset copy's transforms set back
-# to the user's own, until AB_OFF_BATCHES such batches, and the process's CPU per sample of
-# those against the profiled ones around them is what the timed regions and their wrappers cost
-# (the process's: torch's intra-op threads spin while pipeprof's code runs between their ops)
-# (analyze/stages.py: ``overhead``); those batches have no stage records
+# NOTE [ Unprofiled batches ]: a map-style loader of at least AB_MIN_BATCHES batches fetches one
+# batch in AB_PERIOD with the recorder off and the dataset copy's transforms set back to the
+# user's own, until AB_OFF_BATCHES such batches, and the CPU per sample of those against the
+# profiled ones around them is what the timed regions and their wrappers cost
+# (analyze/stages.py: ``overhead``); those batches have no stage records.
+# - num_workers=0: the process's CPU around ``next()`` (the process's: torch's intra-op threads
+#   spin while pipeprof's code runs between their ops); costs ``ab_*``.
+# - Workers: each worker decides for its own batches (``MapDataset._off_batch``), within a share
+#   of what is left of AB_OFF_BATCHES, and its CPU per batch (``cpu_ns``, which every payload
+#   carries) is compared; costs ``abw_*``. An unprofiled batch still travels in a Carrier, with
+#   no records, so its wait splits and its worker's busy time counts as a profiled one's do.
 AB_MIN_BATCHES = 64
 AB_PERIOD = 8
 AB_OFF_BATCHES = 24
@@ -111,7 +116,9 @@ class _Delegate:
         return type(self.__dict__["_inner"])
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_delegate, (type(self), self.__dict__["_inner"]))
+        extra = {k: v for k, v in self.__dict__.items() if k in _DELEGATE_EXTRAS}
+        # one pickle: the stand-ins in ``_swaps`` stay the very objects in the dataset copy
+        return (_rebuild_delegate, (type(self), self.__dict__["_inner"], extra))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_inner" not in self.__dict__:
@@ -125,8 +132,41 @@ class _Delegate:
         return len(self._inner)
 
 
-def _rebuild_delegate(cls: type[_Delegate], inner: Any) -> _Delegate:
-    return cls(inner)
+# pipeprof's own attributes of a delegate (NOTE [ Unprofiled batches ]), set with
+# ``object.__setattr__``: the stand-ins and what they stand in for, and the workers' share
+_DELEGATE_EXTRAS = ("_swaps", "_ab")
+
+
+def _rebuild_delegate(
+    cls: type[_Delegate], inner: Any, extra: dict[str, Any] | None = None
+) -> _Delegate:
+    obj = cls(inner)
+    for key, value in (extra or {}).items():
+        object.__setattr__(obj, key, value)
+    return obj
+
+
+def set_swaps(swaps: Any, plain: bool) -> None:
+    """The dataset copy's transforms (and loader) set back to the user's own, or to their timed
+    stand-ins again: an unprofiled batch runs none of pipeprof's frames."""
+    for obj, attr, users, timed in swaps:
+        setattr(obj, attr, users if plain else timed)
+
+
+# NOTE [ Unprofiled batches ], in a worker: its batches so far and those fetched unprofiled; the
+# batch in hand's arm ("on", "off", or None outside the comparison); while an unprofiled batch is
+# in hand, when its fetch began and the stand-ins to set again (both reset in ``WorkerInit``)
+_WORKER_AB = [0, 0]
+_ARM: list[str | None] = [None]
+_OFF: list[tuple[int, Any] | None] = [None]
+
+
+def _end_off() -> None:
+    """The unprofiled batch in hand is made (or failed): the stand-ins and the recorder back."""
+    off, _OFF[0] = _OFF[0], None
+    if off is not None:
+        set_swaps(off[1], plain=False)
+        recorder().enabled = True
 
 
 class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
@@ -147,7 +187,38 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
         get = self._inner.__getitem__
         if not recorder().enabled:
             return [get(i) for i in indices]
+        if "_ab" in self.__dict__ and self._off_batch():
+            try:
+                return [get(i) for i in indices]
+            except BaseException:
+                _end_off()
+                raise
         return [timed_call1("load", get, i) for i in indices]
+
+    def _off_batch(self) -> bool:
+        """NOTE [ Unprofiled batches ], in a worker: whether the batch now fetched is one of its
+        unprofiled ones (after its first, one in ``period``, at most ``cap``); if so the
+        recorder is off and the user's transforms are back until ``Collate`` has made it."""
+        ab = self.__dict__["_ab"]
+        if ab is None or _OFF[0] is not None:
+            _ARM[0] = None
+            return False
+        period, cap = ab
+        k, done = _WORKER_AB
+        _WORKER_AB[0] = k + 1
+        if k < 1 or done >= cap:
+            _ARM[0] = None
+            return False
+        if k % period != period - 1:
+            _ARM[0] = "on"
+            return False
+        _WORKER_AB[1] = done + 1
+        _ARM[0] = "off"
+        swaps = self.__dict__.get("_swaps", ())
+        _OFF[0] = (clock(), swaps)
+        recorder().enabled = False
+        set_swaps(swaps, plain=True)
+        return True
 
 
 class MapDatasetItems(MapDataset):
@@ -157,6 +228,12 @@ class MapDatasetItems(MapDataset):
         rec = recorder()
         if not rec.enabled:
             return self._inner.__getitems__(indices)
+        if "_ab" in self.__dict__ and self._off_batch():
+            try:
+                return self._inner.__getitems__(indices)
+            except BaseException:
+                _end_off()
+                raise
         frame = rec.open("load")
         try:
             return self._inner.__getitems__(indices)
@@ -198,8 +275,21 @@ class Collate:
     def __call__(self, samples: Any) -> Any:
         rec = recorder()
         if not rec.enabled:  # an unprofiled batch's samples, counted as a profiled one's are
-            _COLLATED[0] = 1 if self.per_sample else samples_to_collate(samples)
-            return self.fn(samples)
+            n = 1 if self.per_sample else samples_to_collate(samples)
+            off = _OFF[0]
+            if off is None:  # in the training process: ``ProfiledLoader`` takes it from here
+                _COLLATED[0] = n
+                return self.fn(samples)
+            try:  # in a worker: it travels as a profiled batch does, with no records
+                batch = self.fn(samples)
+            finally:
+                _end_off()
+            payload = {
+                "raw": {}, "track": rec.track, "pid": rec.pid, "first_ns": off[0], "events": 0,
+                "end_ns": clock(), "samples": n, "cost_ns": 0, "ab": "off",
+            }  # fmt: skip
+            _mark_cpu(payload)
+            return Carrier(batch, payload)
         probe_ns, warm_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
@@ -209,14 +299,21 @@ class Collate:
         payload = rec.drain()
         payload["end_ns"] = done
         payload["samples"] = 1 if self.per_sample else samples_to_collate(samples)
-        if _CPU_MARK[0]:  # in a worker: all its CPU time is the pipeline's (idle costs none)
-            cpu = time.process_time_ns()
-            payload["cpu_ns"] = cpu - _CPU_MARK[0]
-            _CPU_MARK[0] = cpu
+        _mark_cpu(payload)
+        if _ARM[0] is not None:
+            payload["ab"], _ARM[0] = _ARM[0], None
         payload["probe_ns"] = probe_ns
         payload["probe_warm_ns"] = warm_ns
         payload["cost_ns"] = time.thread_time_ns() - cpu0  # packing the records: pipeprof's own
         return Carrier(batch, payload)
+
+
+def _mark_cpu(payload: dict[str, Any]) -> None:
+    """In a worker, its CPU time since its previous batch: all the pipeline's (idle costs none)."""
+    if _CPU_MARK[0]:
+        cpu = time.process_time_ns()
+        payload["cpu_ns"] = cpu - _CPU_MARK[0]
+        _CPU_MARK[0] = cpu
 
 
 # This worker process's CPU time when it finished its previous batch (0 outside workers).
@@ -242,6 +339,8 @@ class WorkerInit:
         rec = recorder()
         rec.reset(f"worker{worker_id}")
         rec.enabled = True
+        _WORKER_AB[:] = [0, 0]  # NOTE [ Unprofiled batches ]: a fork inherits the parent's
+        _ARM[0] = _OFF[0] = None
         if self.nvtx or rec.ranges is not None:  # asked for, or inherited through fork
             from pipeprof.collect import ranges
 
@@ -397,6 +496,8 @@ class ProfiledLoader:
         h5 = False
         try:
             h5 = hdf5.install()  # reads in this process (num_workers=0) are timed while it runs
+            if self.loader.num_workers and not self.opaque:
+                self._arm_workers()
             t_iter = clock()
             before = rec.enter(mine)
             try:
@@ -478,7 +579,12 @@ class ProfiledLoader:
 
     def _ab_eligible(self) -> bool:
         """NOTE [ Unprofiled batches ]: a pass made in this thread, long enough to spare some."""
-        if self.opaque or self.loader.num_workers or self.ranges is not None:
+        return not self.loader.num_workers and self._ab_long(AB_MIN_BATCHES)
+
+    def _ab_long(self, least: int) -> bool:
+        """A map-style pass of at least ``least`` batches, with no NVTX ranges: it can spare
+        some batches unprofiled (NOTE [ Unprofiled batches ])."""
+        if self.opaque or self.ranges is not None:
             return False
         if isinstance(self.loader.dataset, IterableDataset):  # its length is a guess, if any
             return False
@@ -486,13 +592,23 @@ class ProfiledLoader:
             n = len(self.loader)
         except Exception:  # a length the user's sampler cannot give
             return False
-        return min(n, self.limit if self.limit is not None else n) >= AB_MIN_BATCHES
+        return min(n, self.limit if self.limit is not None else n) >= least
 
     def _swap(self, plain: bool) -> None:
-        """The dataset copy's transforms (and loader) set back to the user's own, or to their
-        timed stand-ins again: an unprofiled batch runs none of pipeprof's frames."""
-        for obj, attr, users, timed in self.loader.dataset.__dict__.get("_swaps", ()):
-            setattr(obj, attr, users if plain else timed)
+        set_swaps(self.loader.dataset.__dict__.get("_swaps", ()), plain)
+
+    def _arm_workers(self) -> None:
+        """NOTE [ Unprofiled batches ]: each worker's share of the unprofiled batches still to
+        fetch (workers that persist keep the share they started with)."""
+        dataset = self.loader.dataset
+        if not isinstance(dataset, MapDataset) or "_swaps" not in dataset.__dict__:
+            return
+        n = self.loader.num_workers
+        left = AB_OFF_BATCHES - self.session.costs.get("abw_off_batches", 0)
+        # a long pass, or the second of a loop over epochs (a short one-off keeps every record)
+        long = self._ab_long(AB_MIN_BATCHES if self.passes < 2 else 1)
+        share = (AB_PERIOD, -(-left // n)) if n and left > 0 and long else None
+        object.__setattr__(dataset, "_ab", share)
 
     def _ab_add(self, arm: str, cpu_ns: int, samples: int) -> None:
         if samples <= 0:
@@ -561,7 +677,11 @@ class ProfiledLoader:
             self.last_starved = t1 - t0  # not known: all of it, as the verdict read it before
             return carrier
         payload = carrier.payload
-        s.merge(payload)
+        arm = payload.get("ab")  # NOTE [ Unprofiled batches ], measured in a worker
+        if arm != "off":  # an unprofiled batch has no records
+            s.merge(payload)
+            if payload["track"] != "main":
+                s.add_cost("worker_events", payload["events"])
         w = s.worker(payload["track"], payload["pid"])
         ready = payload["end_ns"]
         busy = ready - (payload["first_ns"] or ready)
@@ -576,7 +696,9 @@ class ProfiledLoader:
             warm_ns = payload.get("probe_warm_ns")
             if warm_ns is not None and warm_ns < PROBE_CAP_NS:
                 s.probe_warm.add(warm_ns)
-        if carrier.pin_ns:
+        if arm is not None and "cpu_ns" in payload:
+            self._ab_add(f"abw_{arm}", payload["cpu_ns"], payload["samples"])
+        if carrier.pin_ns and arm != "off":  # an unprofiled batch has no stage records
             s.add("main", "transfer/pin", carrier.pin_ns)
         # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
         starved = min(max(0, ready - t0), t1 - t0)
