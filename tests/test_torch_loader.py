@@ -507,6 +507,26 @@ def test_dataloader_subclasses_yield_what_they_yield_unprofiled():
     assert "transform/Scale" in pipeprof.profile(preset)["stages"]
 
 
+def test_workers_fetching_batches_unprofiled_give_the_same_batches():
+    # NOTE [ Unprofiled batches ], in workers: the second pass of 32 batches (16 a worker) has
+    # each worker's batches 7 and 15 through the user's own transforms; the same random draws
+    chain = transforms.Compose([AddNoise(0.0), Scale(0.0)])
+    loader = DataLoader(
+        CostDataset(32 * 4, transform=chain), batch_size=4, num_workers=2,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    plain = list(loader) + list(loader)
+    torch.manual_seed(0)
+    session = Session()
+    wrapped = ProfiledLoader(loader, session)
+    profiled = list(wrapped) + list(wrapped)
+    assert len(plain) == len(profiled) == 64
+    assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
+    assert session.costs["abw_off_batches"] == 4
+    assert session.stages["worker0"]["transform/AddNoise"].count == 32 * 4 - 8
+
+
 def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_path):
     # NOTE [ Unprofiled batches ]: 66 batches in process, 8 of them through the user's own
     # loader (PIL's, not pipeprof's read/decode split) and transforms; the rest through the
