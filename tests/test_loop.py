@@ -417,6 +417,24 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_workers(data):
     assert "against 8 batches fetched unprofiled in the workers" in text
 
 
+def test_the_summary_says_whether_the_unprofiled_batches_measured_anything():
+    # a cheap pipeline: whether pipeprof's few µs a sample stand out of the batches' spread
+    # depends on the run; the summary says which, and the stages' counts lack those batches
+    loader = DataLoader(CostDataset(64 * 4), batch_size=4, num_workers=2)
+    report, _ = _workers_profile(loader)
+    ab = report["overhead"]["unprofiled_batches"]
+    assert ab["batches"][1] == 8 and ab["per_sample_ns"] is not None
+    text = " ".join(report.render("text").split())
+    if ab.get("used"):
+        assert ab["per_sample_ns"] > ab["stderr_ns"]
+        assert "against 8 batches fetched unprofiled in the workers" in text
+    else:
+        assert ab["per_sample_ns"] <= ab["stderr_ns"]
+        assert "8 batches fetched unprofiled in the workers: " in text
+        assert "against them, within its error" in text
+    assert report["stages"]["load"]["count"] == 64 * 4 - 32
+
+
 def test_unprofiled_batches_in_spawned_workers_run_the_users_own_transforms():
     # the stand-ins and what they stand in for travel to a spawned worker in one pickle, so
     # setting the user's own back reaches the very objects its dataset copy calls; a short
@@ -433,7 +451,7 @@ def test_unprofiled_batches_in_spawned_workers_run_the_users_own_transforms():
     assert "4 batches fetched unprofiled in the workers, too few to measure against" in text
 
 
-def test_a_short_or_parallel_loader_is_never_fetched_unprofiled():
+def test_a_short_pass_is_never_fetched_unprofiled_with_workers_or_without():
     for loader, batches in (
         (DataLoader(CostDataset(63 * 4), batch_size=4), None),
         (DataLoader(CostDataset(100 * 4), batch_size=4), 63),  # the run takes 63 of them

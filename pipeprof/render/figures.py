@@ -143,7 +143,14 @@ def overhead_line(data: dict[str, Any]) -> str:
     else:  # the calibrated cost holds the packing
         parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
     if off and not ab.get("used"):  # why the stages count fewer samples than the run had
-        parts.append(f"{off} batches fetched unprofiled{where}, too few to measure against")
+        if ab.get("per_sample_ns") is None:
+            parts.append(f"{off} batches fetched unprofiled{where}, too few to measure against")
+        else:
+            parts.append(
+                f"{off} batches fetched unprofiled{where}: "
+                f"{num(ab['per_sample_ns'] / 1e3)} ± {num(ab['stderr_ns'] / 1e3)} µs a sample "
+                "against them, within its error"
+            )
     for key, what in (("main_s", "bookkeeping in next()"), ("loop_s", "between steps"),
                       ("control_s", "start and stop"),
                       ("settle_s", "folding records"),
