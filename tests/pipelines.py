@@ -177,6 +177,11 @@ def tag_worker(worker_id: int) -> None:
     get_worker_info().dataset.tag = 1000.0 * (worker_id + 1)
 
 
+def own_transform(worker_id: int) -> None:
+    """A user worker_init_fn that gives each worker a transform of its own."""
+    get_worker_info().dataset.transform = Scale(0.0, add=10.0 * (worker_id + 1))
+
+
 class EvenFirst(torch.utils.data.Sampler):
     """A custom sampler: even indices, then odd ones."""
 

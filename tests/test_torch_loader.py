@@ -16,6 +16,7 @@ from pipelines import (
     ItemsDataset,
     Pairs,
     Scale,
+    own_transform,
     tag_worker,
     truth,
 )
@@ -525,6 +526,19 @@ def test_workers_fetching_batches_unprofiled_give_the_same_batches():
     assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
     assert session.costs["abw_off_batches"] == 4
     assert session.stages["worker0"]["transform/AddNoise"].count == 32 * 4 - 8
+
+
+def test_a_transform_a_worker_init_fn_sets_is_kept_through_unprofiled_batches():
+    # the user's worker_init_fn puts a transform of its own on the worker's dataset copy: an
+    # unprofiled batch must not set pipeprof's stand-in for the first one back after it
+    loader = DataLoader(
+        CostDataset(64 * 4, transform=Scale(0.0)), batch_size=4, num_workers=2,
+        worker_init_fn=own_transform, multiprocessing_context="fork",
+    )  # fmt: skip
+    session = Session()
+    plain, profiled = batches_of(loader, False), batches_of(loader, True, session=session)
+    assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
+    assert session.costs["abw_off_batches"] == 8
 
 
 def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_path):

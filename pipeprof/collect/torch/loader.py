@@ -146,11 +146,18 @@ def _rebuild_delegate(
     return obj
 
 
-def set_swaps(swaps: Any, plain: bool) -> None:
+def set_swaps(swaps: Any, plain: bool) -> list[Any]:
     """The dataset copy's transforms (and loader) set back to the user's own, or to their timed
-    stand-ins again: an unprofiled batch runs none of pipeprof's frames."""
-    for obj, attr, users, timed in swaps:
-        setattr(obj, attr, users if plain else timed)
+    stand-ins again: an unprofiled batch runs none of pipeprof's frames. Only where the copy
+    holds the one expected (a user's ``worker_init_fn`` may have set one of its own there,
+    which then runs in every batch); returns the swaps made, the ones to undo."""
+    done = []
+    for swap in swaps:
+        obj, attr, users, timed = swap
+        if getattr(obj, attr, None) is (timed if plain else users):
+            setattr(obj, attr, users if plain else timed)
+            done.append(swap)
+    return done
 
 
 # NOTE [ Unprofiled batches ], in a worker: its batches so far and those fetched unprofiled; the
@@ -214,10 +221,8 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
             return False
         _WORKER_AB[1] = done + 1
         _ARM[0] = "off"
-        swaps = self.__dict__.get("_swaps", ())
-        _OFF[0] = (clock(), swaps)
         recorder().enabled = False
-        set_swaps(swaps, plain=True)
+        _OFF[0] = (clock(), set_swaps(self.__dict__.get("_swaps", ()), plain=True))
         return True
 
 
@@ -462,6 +467,7 @@ class ProfiledLoader:
         self.last_starved = 0  # the last batch's wait until it was ready (NOTE [ Wait, split ])
         self.limit = limit  # the batches a pass will take, where known beforehand
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
+        self._swapped: list[Any] = []  # the stand-ins an unprofiled batch set aside
         self.session = session
         session.notes.extend(notes)
         self.device = check_device(device)
@@ -595,7 +601,10 @@ class ProfiledLoader:
         return min(n, self.limit if self.limit is not None else n) >= least
 
     def _swap(self, plain: bool) -> None:
-        set_swaps(self.loader.dataset.__dict__.get("_swaps", ()), plain)
+        if plain:
+            self._swapped = set_swaps(self.loader.dataset.__dict__.get("_swaps", ()), True)
+        else:
+            set_swaps(self._swapped, False)
 
     def _arm_workers(self) -> None:
         """NOTE [ Unprofiled batches ]: each worker's share of the unprofiled batches still to
