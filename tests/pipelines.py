@@ -182,6 +182,11 @@ def own_transform(worker_id: int) -> None:
     get_worker_info().dataset.transform = Scale(0.0, add=10.0 * (worker_id + 1))
 
 
+def tune_transform(worker_id: int) -> None:
+    """A user worker_init_fn that sets an attribute on the dataset's transform, in place."""
+    get_worker_info().dataset.transform.add = 100.0 * (worker_id + 1)
+
+
 class EvenFirst(torch.utils.data.Sampler):
     """A custom sampler: even indices, then odd ones."""
 

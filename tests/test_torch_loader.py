@@ -19,6 +19,7 @@ from pipelines import (
     own_transform,
     tag_worker,
     truth,
+    tune_transform,
 )
 from torch.utils.data import DataLoader
 from torchvision import transforms
@@ -539,6 +540,19 @@ def test_a_transform_a_worker_init_fn_sets_is_kept_through_unprofiled_batches():
     plain, profiled = batches_of(loader, False), batches_of(loader, True, session=session)
     assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
     assert session.costs["abw_off_batches"] == 8
+
+
+def test_a_worker_init_fn_tuning_the_transform_in_place_tunes_the_users_own():
+    # ``get_worker_info().dataset.transform`` is pipeprof's stand-in: what is set on it goes to
+    # the user's object, as it would unprofiled
+    scale = Scale(0.0)
+    loader = DataLoader(
+        CostDataset(8, transform=scale), batch_size=2, num_workers=2,
+        worker_init_fn=tune_transform, multiprocessing_context="fork",
+    )  # fmt: skip
+    plain, profiled = batches_of(loader, False), batches_of(loader, True)
+    assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
+    assert scale.add == 1.0  # the workers' copies were tuned, not the main process's
 
 
 def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_path):

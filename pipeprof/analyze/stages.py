@@ -230,9 +230,10 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     the cold probe's excess over the warm one), plus the packing of their records, measured per
     batch (``pack_s``);
     where no batch was probed (tf.data, older files), ``events`` times the cost calibrated with
-    warm caches (``per_event_ns``: open, close, packing). With no workers and enough batches
-    fetched unprofiled, the regions' cost is measured instead: the CPU per sample of the profiled
-    batches over the unprofiled ones (``unprofiled_batches``, see ``inprocess_ab``).
+    warm caches (``per_event_ns``: open, close, packing). With enough batches fetched
+    unprofiled, in the training process or in the workers, the regions' cost is measured
+    instead: the CPU per sample of the profiled batches over the unprofiled ones
+    (``unprofiled_batches``, see ``inprocess_ab``).
     Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``), between the
     loop's steps (``loop_s``, its CPU) and in ``Profiler()``, ``start`` and ``stop``
     (``control_s``), folding the records (``settle_s``), the sampler threads (``sampler_s``) and

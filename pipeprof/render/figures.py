@@ -149,7 +149,7 @@ def overhead_line(data: dict[str, Any]) -> str:
             parts.append(
                 f"{off} batches fetched unprofiled{where}: "
                 f"{num(ab['per_sample_ns'] / 1e3)} ± {num(ab['stderr_ns'] / 1e3)} µs a sample "
-                "against them, within its error"
+                "against them, not above its error"
             )
     for key, what in (("main_s", "bookkeeping in next()"), ("loop_s", "between steps"),
                       ("control_s", "start and stop"),

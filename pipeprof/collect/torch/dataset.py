@@ -37,13 +37,16 @@ def name_of(fn: Any) -> str:
 
 
 class Timed:
-    """Calls ``fn`` timed as the absolute stage ``path``; other attributes pass through, and
+    """Calls ``fn`` timed as the absolute stage ``path``; other attributes pass through, reads
+    and writes (a ``worker_init_fn`` tuning ``dataset.transform`` tunes the user's object), and
     ``isinstance`` sees ``fn``'s class (code that tests ``isinstance(self.transform, Compose)``
     behaves as it does plain)."""
 
     def __init__(self, fn: Callable[..., Any], path: str) -> None:
-        self.fn = fn
-        self.path = path
+        self.__dict__.update(fn=fn, path=path)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["fn"], name, value)
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
@@ -75,9 +78,10 @@ class TimedChain:
     """
 
     def __init__(self, orig: Any, steps: Sequence[tuple[str, Callable[..., Any]]], multi: bool):
-        self.orig = orig
-        self.steps = list(steps)
-        self.multi = multi
+        self.__dict__.update(orig=orig, steps=list(steps), multi=multi)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # to the user's object (see Timed)
+        setattr(self.__dict__["orig"], name, value)
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # isinstance sees the Compose (see Timed)

@@ -55,9 +55,11 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # - num_workers=0: the process's CPU around ``next()`` (the process's: torch's intra-op threads
 #   spin while pipeprof's code runs between their ops); costs ``ab_*``.
 # - Workers: each worker decides for its own batches (``MapDataset._off_batch``), within a share
-#   of what is left of AB_OFF_BATCHES, and its CPU per batch (``cpu_ns``, which every payload
-#   carries) is compared; costs ``abw_*``. An unprofiled batch still travels in a Carrier, with
-#   no records, so its wait splits and its worker's busy time counts as a profiled one's do.
+#   of what is left of AB_OFF_BATCHES (rounded up: a few more in all with many workers), and its
+#   CPU per batch (``cpu_ns``, which every payload carries) is compared; costs ``abw_*``. Also
+#   from the second pass of a loop over a shorter loader's epochs, but workers that persist keep
+#   the share they were started with. An unprofiled batch still travels in a Carrier, with no
+#   records, so its wait splits and its worker's busy time counts as a profiled one's do.
 AB_MIN_BATCHES = 64
 AB_PERIOD = 8
 AB_OFF_BATCHES = 24
