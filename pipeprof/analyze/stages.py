@@ -182,7 +182,7 @@ COLD_AFTER_NS = 10_000
 AB_MIN_OFF = 8  # unprofiled batches before their comparison is used (NOTE [ Unprofiled batches ])
 
 
-def inprocess_ab(session: Session, prefix: str = "ab") -> dict[str, Any] | None:
+def unprofiled_ab(session: Session, prefix: str = "ab") -> dict[str, Any] | None:
     """NOTE [ Unprofiled batches ] in collect/torch/loader.py: the CPU per sample of the
     profiled batches against the unprofiled ones among them, and the standard error of the
     difference from the spread between batches (None below AB_MIN_OFF batches of each, when
@@ -233,7 +233,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     warm caches (``per_event_ns``: open, close, packing). With enough batches fetched
     unprofiled, in the training process or in the workers, the regions' cost is measured
     instead: the CPU per sample of the profiled batches over the unprofiled ones
-    (``unprofiled_batches``, see ``inprocess_ab``).
+    (``unprofiled_batches``, see ``unprofiled_ab``).
     Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``), between the
     loop's steps (``loop_s``, its CPU) and in ``Profiler()``, ``start`` and ``stop``
     (``control_s``), folding the records (``settle_s``), the sampler threads (``sampler_s``) and
@@ -260,7 +260,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         regions_s = in_stages_s + probes * (in_situ_ns + (warm_ns or 0.0)) / 1e9 + pack_s
     else:
         in_stages_s = regions_s = session.events * session.overhead_ns / 1e9
-    ab = inprocess_ab(session)
+    ab = unprofiled_ab(session)
     workers = any(t.startswith("worker") for t in session.workers)  # another loader's regions
     if ab is not None and _measured(ab) and not workers:
         # measured in situ, displacement and all: what the profiled samples cost over the
@@ -270,7 +270,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         ab["probed_s"] = round(regions_s, 6)  # what the probes would have stated
         regions_s = ab["per_sample_ns"] * profiled / 1e9
         ab["used"] = True
-    wab = inprocess_ab(session, "abw") if ab is None or not ab.get("used") else None
+    wab = unprofiled_ab(session, "abw") if ab is None or not ab.get("used") else None
     if wab is not None:
         ab = wab
         if _measured(wab):

@@ -33,7 +33,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
@@ -44,6 +44,7 @@ from pipeprof.core.batch import batch_nbytes, batch_size, samples_to_collate
 from pipeprof.core.recorder import PROBE_CAP_NS, clock, probe, recorder, timed_call1
 from pipeprof.core.session import Session
 
+_T = TypeVar("_T")
 # Named like torch.profiler's own span so that traces line up.
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
@@ -178,6 +179,15 @@ def _end_off() -> None:
         recorder().enabled = True
 
 
+def _unprofiled(fetch: Callable[[], _T]) -> _T:
+    """A worker's unprofiled batch fetched; if that fails, the stand-ins and recorder back."""
+    try:
+        return fetch()
+    except BaseException:
+        _end_off()
+        raise
+
+
 class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
     """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted).
 
@@ -197,11 +207,7 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
         if not recorder().enabled:
             return [get(i) for i in indices]
         if "_ab" in self.__dict__ and self._off_batch():
-            try:
-                return [get(i) for i in indices]
-            except BaseException:
-                _end_off()
-                raise
+            return _unprofiled(lambda: [get(i) for i in indices])
         return [timed_call1("load", get, i) for i in indices]
 
     def _off_batch(self) -> bool:
@@ -236,11 +242,7 @@ class MapDatasetItems(MapDataset):
         if not rec.enabled:
             return self._inner.__getitems__(indices)
         if "_ab" in self.__dict__ and self._off_batch():
-            try:
-                return self._inner.__getitems__(indices)
-            except BaseException:
-                _end_off()
-                raise
+            return _unprofiled(lambda: self._inner.__getitems__(indices))
         frame = rec.open("load")
         try:
             return self._inner.__getitems__(indices)
