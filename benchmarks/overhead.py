@@ -15,6 +15,12 @@ reported; it also loads Kineto for torch.profiler):
                   fresh Profiler every epoch; ``prof.report()`` is built after the measured
                   window and its wall and CPU time are recorded apart
   torch.profiler  ``with torch.profiler.profile(activities=[CPU]): for batch in loader``
+  every batch     (``--every-batch``) as ``pipeprof`` with ``Profiler(stage_every=1)``: the
+                  stages timed in every batch, not in one in 8 (docs/overhead.md)
+
+Every variant of a round draws the same shuffle and the same random crops
+(``torch.manual_seed`` before each; ``--fresh-draws``: each its own), so a round compares the
+same work.
 
 What is measured, per variant and round (the window runs from just before the Profiler or
 torch.profiler is made to just after its ``with`` block ends, workers joined):
@@ -84,6 +90,7 @@ clock = time.perf_counter_ns
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SCHEDSTAT = os.path.exists("/proc/self/schedstat")  # per-thread time on CPU in ns
 VARIANTS = ("plain", "pipeprof", "torch.profiler")
+EVERY_BATCH = "every batch"  # pipeprof timing every batch's stages (--every-batch)
 GROUPS = ("main", "pipeprof", "other", "monitor", "unattributed")
 MONITOR = "bench-monitor"
 
@@ -264,10 +271,19 @@ def passes(loader: Any, n: int) -> Iterable[Any]:
 
 
 def epoch(
-    variant: str, loader: Any, step_s: float, monitor: Monitor, epochs: int = 1
+    variant: str,
+    loader: Any,
+    step_s: float,
+    monitor: Monitor,
+    epochs: int = 1,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """One epoch of ``variant`` with its CPU per process and thread (see the module docstring)."""
     gc.collect()  # outside the window, the same for every variant
+    if seed is not None:  # the same shuffle and the same random crops in every variant of a round
+        import torch
+
+        torch.manual_seed(seed)
     extra: dict[str, Any] = {}
     self0, kids0 = monitor.begin()
     parts0 = _rusage_parts(resource.RUSAGE_CHILDREN)
@@ -276,10 +292,10 @@ def epoch(
     if variant == "plain":
         out = consume(passes(loader, epochs), step_s)
         t_loop = clock()
-    elif variant == "pipeprof":
+    elif variant in ("pipeprof", EVERY_BATCH):
         import pipeprof
 
-        prof = pipeprof.Profiler()
+        prof = pipeprof.Profiler(stage_every=1 if variant == EVERY_BATCH else 8)
         with prof:
             out = consume(passes(prof.wrap(loader), epochs), step_s)
             t_loop = clock()
@@ -536,11 +552,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--monitor-ms", type=float, default=50.0, help="thread/worker polling period")
     ap.add_argument("--discover-ms", type=float, default=200.0, help="new-worker lookup period")
     ap.add_argument("--root", help="use (and keep) this image folder instead of a temp dir")
+    ap.add_argument(
+        "--every-batch",
+        action="store_true",
+        help=f"also run pipeprof timing every batch's stages (stage_every=1) as {EVERY_BATCH!r}",
+    )
+    ap.add_argument(
+        "--fresh-draws",
+        action="store_true",
+        help="let each variant draw its own shuffle and crops (default: the same in a round)",
+    )
     ap.add_argument("--json", metavar="OUT", help="also write every round's raw figures as JSON")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.images < 1 or args.workers < 1 or args.epochs < 1:
         ap.error("--rounds, --images and --workers must be >= 1 (workers: their CPU is measured)")
-    variants = list(VARIANTS)
+    variants = list(VARIANTS) + ([EVERY_BATCH] if args.every_batch else [])
     load_start = os.getloadavg()
 
     from pipeprof.demo import make_images
@@ -574,7 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             k = r % len(variants)
             order = variants[k:] + variants[:k]
-            res: dict[str, Any] = {v: epoch(v, loader, step_s, monitor, args.epochs) for v in order}
+            seed = None if args.fresh_draws else 1000 + r
+            res: dict[str, Any] = {
+                v: epoch(v, loader, step_s, monitor, args.epochs, seed) for v in order
+            }
             res["order"] = order
             rounds.append(res)
             line = "  ".join(

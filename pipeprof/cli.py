@@ -93,6 +93,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    "script runs on unprofiled")  # fmt: skip
     p.add_argument("--sample-hz", type=float, default=10.0,
                    help="GPU and host sampling rate (10; 0 turns sampling off)")  # fmt: skip
+    p.add_argument("--stage-every", type=_positive, default=8,
+                   help="time the loaders' stages in one batch in this many (8; 1: every "
+                   "batch)")  # fmt: skip
     p.add_argument("--no-regions", action="store_true",
                    help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
     p.add_argument("--nvtx", action="store_true",
@@ -111,7 +114,9 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 # options that take a value: the script starts after it
-_RUN_VALUED = {"-o", "--out", "--html", "--trace", "--batches", "--sample-hz", "--log-to"}
+_RUN_VALUED = {
+    "-o", "--out", "--html", "--trace", "--batches", "--sample-hz", "--stage-every", "--log-to",
+}  # fmt: skip
 _LOG_OPTION = {"tensorboard": "log_dir", "mlflow": "tracking_uri", "wandb": "project"}
 
 
@@ -459,7 +464,7 @@ def cmd_run(argv: list[str]) -> int:
             _check_writable(path)
     run = runner.Run(
         batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions,
-        nvtx=opts.nvtx,
+        nvtx=opts.nvtx, stage_every=opts.stage_every,
     )  # fmt: skip
     run.on_stop = lambda: _run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: _job_outputs(run, opts)

@@ -71,6 +71,9 @@ class Profiler:
     the workers too), the loop's wait / transfer / compute and the regions as NVTX ranges for
     Nsight Systems (``pip install 'pipeprof[nvtx]'``; where no CUDA device or no NVTX tool is
     there, nothing is emitted and the report's notes say so: docs/integrations.md).
+    ``stage_every`` times a DataLoader's stages in one batch in that many (a pass of 16 batches
+    or more; the others run unprofiled, and the stages' totals are scaled to every sample); 1
+    times every batch, at about 8 times the cost (docs/overhead.md).
     """
 
     def __init__(
@@ -86,8 +89,10 @@ class Profiler:
         nvml: Any = None,
         event_factory: Callable[[], Any] | None = None,
         nvtx: bool = False,
+        stage_every: int = 8,
     ) -> None:
         cpu0 = time.thread_time_ns()  # this thread's CPU here, as in start(): costs["control_ns"]
+        _check_stage_every(stage_every)
         if isinstance(sample_hz, bool) or not isinstance(sample_hz, (int, float)) or sample_hz < 0:
             raise ValueError(
                 f"sample_hz must be a number >= 0 (samples per second; 0 turns the GPU and host "
@@ -107,6 +112,7 @@ class Profiler:
         self.stream = stream
         self.flush_s = flush_s
         self.replay_batches = replay
+        self.stage_every = stage_every
         self._nvml_module = nvml
         self.session = Session(mode="loop")
         self._steps_log = StepLog(self.session)
@@ -270,7 +276,9 @@ class Profiler:
             for loader, twin in self._twins:
                 if loader is data:
                     return twin  # type: ignore[no-any-return]
-            twin = ProfiledLoader(data, self.session, device, ranges=self._ranges)
+            twin = ProfiledLoader(
+                data, self.session, device, ranges=self._ranges, stage_every=self.stage_every
+            )
             self._twins.append((data, twin))
             return twin
         if is_tf_dataset(data):
@@ -503,6 +511,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _check_stage_every(every: Any) -> None:
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(
+            f"stage_every must be a whole number >= 1 (time the loader's stages in one batch in "
+            f"that many; 1 times every batch), got {every!r}"
+        )
+
+
 def _check_batches(batches: int | None) -> None:
     if batches is None:
         return
@@ -513,7 +529,12 @@ def _check_batches(batches: int | None) -> None:
 
 
 def profile(
-    loader: Any, *, batches: int | None = None, device: Any = None, nvtx: bool = False
+    loader: Any,
+    *,
+    batches: int | None = None,
+    device: Any = None,
+    nvtx: bool = False,
+    stage_every: int = 8,
 ) -> Report:
     """Iterate ``loader`` for ``batches`` batches (None: one epoch) and report its stages.
 
@@ -524,9 +545,12 @@ def profile(
     NVTX range for Nsight Systems (docs/integrations.md). The user's loader, dataset and
     transforms are not modified. Exceptions raised by the
     dataset, transforms or ``collate_fn`` propagate unchanged; Ctrl-C stops early and returns a
-    report of what was measured (``report["interrupted"]`` is True).
+    report of what was measured (``report["interrupted"]`` is True). ``stage_every`` times the
+    stages in one batch in that many (a pass of 16 batches or more; 1: every batch), as in
+    ``Profiler``.
     """
     _check_batches(batches)
+    _check_stage_every(stage_every)
     if is_tf_dataset(loader):  # a tf.data.Dataset: traced with TensorFlow's profiler
         from pipeprof.collect.tf.dataset import profile_dataset
 
@@ -555,7 +579,8 @@ def profile(
     if nv is not None:
         ranges.install()
     try:
-        run_alone(ProfiledLoader(loader, session, device, nv, batches), session, batches)
+        twin = ProfiledLoader(loader, session, device, nv, batches, stage_every)
+        run_alone(twin, session, batches)
     finally:
         if nv is not None:
             ranges.uninstall()

@@ -105,9 +105,11 @@ class Run:
         sample_hz: float = 10.0,
         regions: bool = True,
         nvtx: bool = False,
+        stage_every: int = 8,
     ) -> None:
         self.batches = batches
         self.nvtx = nvtx  # NVTX ranges (collect/ranges.py)
+        self.stage_every = stage_every  # a sample of each loader's batches timed
         self.regions = regions
         self.sample_hz = sample_hz
         self.pid = os.getpid()
@@ -553,7 +555,7 @@ class Run:
             return entry
         kind = "DataLoader" if hasattr(loader, "num_workers") else "tf.data"
         label = self._unique(name or (f"{kind}@{site}" if site else kind))
-        prof = Profiler(sample_hz=0, nvtx=self.nvtx)
+        prof = Profiler(sample_hz=0, nvtx=self.nvtx, stage_every=self.stage_every)
         prof.session.meta["run_loader"] = {"label": label, "site": site}
         entry = self.loaders[id(loader)] = Loader(label, site, prof, loader)
         if key:

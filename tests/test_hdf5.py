@@ -204,7 +204,7 @@ def test_the_first_epoch_s_reads_are_kept_apart_from_later_ones(tmp_path):
     path = tmp_path / "e.h5"
     write(path, "x", field(32, 64, 64), chunks=(1, 64, 64), compression="gzip")
     loader = DataLoader(LazyH5(path), batch_size=8)
-    prof = pipeprof.Profiler(sample_hz=0)
+    prof = pipeprof.Profiler(sample_hz=0, stage_every=1)  # every read counted
     with prof:
         for _ in range(3):
             for _ in prof.wrap(loader):

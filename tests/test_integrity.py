@@ -323,9 +323,10 @@ def test_records_are_folded_in_the_background_and_stay_exact(monkeypatch):
     assert folded_mid_run > 0  # folded before the run ended
     assert max(pending) < 2000  # never the whole run: about SETTLE_EVENTS and a batch's records
     report = prof.report()
-    # the batches the workers fetched unprofiled have none (NOTE [ Unprofiled batches ])
+    # only 1 batch in 8 of each worker's 250 (its 4th, 12th, ..., 244th) is profiled; the
+    # others (its first, "cold", outside the comparison) have none (NOTE [ Unprofiled batches ])
     off = report["overhead"]["unprofiled_batches"]
-    assert off["batches"][1] == 24 and off["unprofiled_samples"] == 24 * 8
-    assert report["stages"]["load"]["count"] == 4000 - 24 * 8
-    assert report["stages"]["collate"]["count"] == 500 - 24
+    assert off["batches"] == [2 * 31, 2 * 218] and off["unprofiled_samples"] == 2 * 219 * 8
+    assert report["stages"]["load"]["count"] == 2 * 31 * 8
+    assert report["stages"]["collate"]["count"] == 2 * 31
     assert prof.session.costs["settle_ns"] > 0

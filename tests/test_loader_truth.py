@@ -276,7 +276,8 @@ def small_rings(monkeypatch):
 
 def profile_80_samples(logs: str):
     ds = CostDataset(80, log_dir=logs, transform=transforms.Compose([Scale(0.0, logs)]))
-    return pipeprof.profile(DataLoader(ds, batch_size=2, collate_fn=CostCollate(0.0, logs)))
+    loader = DataLoader(ds, batch_size=2, collate_fn=CostCollate(0.0, logs))
+    return pipeprof.profile(loader, stage_every=1)  # every batch's stages, against the logs
 
 
 def test_rings_stay_bounded_and_aggregates_exact(tmp_path, small_rings):

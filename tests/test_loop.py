@@ -320,8 +320,9 @@ class OnlyWhileProfiled:
 
 
 def test_unprofiled_batches_measure_what_profiling_costs_in_process():
-    # NOTE [ Unprofiled batches ]: 64 batches, no workers: batches 7, 15, ..., 63 are fetched
-    # with the recorder off; the batches from the second on are measured
+    # NOTE [ Unprofiled batches ]: 64 batches, no workers: only batches 4, 12, ..., 60 are
+    # profiled, the others fetched with the recorder off; the batches from the second on are
+    # measured
     n = 64 * 4
     prof = pipeprof.Profiler(sample_hz=0)
     with prof:
@@ -329,11 +330,11 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
             pass
     report = prof.report()
     ab = report["overhead"]["unprofiled_batches"]
-    assert ab["batches"] == [55, 8] and ab["unprofiled_samples"] == 32
+    assert ab["batches"] == [8, 55] and ab["unprofiled_samples"] == 56 * 4
     # the injected 200 µs a sample, and pipeprof's own regions around it (a few µs; 20 µs on a
     # loaded machine)
     assert 200_000 <= ab["per_sample_ns"] <= 260_000 and ab["used"], ab
-    profiled = n - 32
+    profiled = 8 * 4
     assert report["overhead"]["regions_s"] == pytest.approx(
         ab["per_sample_ns"] * profiled / 1e9, rel=1e-3
     )
@@ -342,8 +343,14 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
     assert stage["count"] == profiled  # the unprofiled batches have no records
     assert stage["per_sample_ms"] == pytest.approx(stage["mean_ms"], rel=1e-3)
     assert stage["mean_ms"] == pytest.approx(0.2, rel=0.15)
+    # what the regions add to the stages is of the time they ran in, not of the scaled totals
+    o = report["overhead"]
+    recorded_s = sum(r["total_s"] for p, r in report["stages"].items() if "/" not in p) * 32 / n
+    in_stages_s = o["events"] * (o["region_ns"] + o["displaced_ns"]) / 1e9
+    assert o["in_stages_fraction"] == pytest.approx(in_stages_s / recorded_s, rel=1e-3)
     text = " ".join(report.render("text").split())  # the summary says how it was measured
-    assert "against 8 batches fetched unprofiled" in text
+    assert "against 55 batches fetched unprofiled" in text
+    assert "stages timed in 1 batch in 8: 32 of 256 samples" in text
 
 
 class SeesItsTransform(CostDataset):
@@ -361,10 +368,10 @@ def test_unprofiled_batches_run_the_users_own_transforms():
     SeesItsTransform.seen = []
     data = SeesItsTransform(64 * 4, transform=Scale(0.0))
     report = pipeprof.profile(DataLoader(data, batch_size=4))
-    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 32
+    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 56 * 4
     seen = SeesItsTransform.seen
-    assert seen.count("Scale") == 32 and seen.count("Timed") == 64 * 4 - 32
-    assert all(seen[k * 4] == "Scale" for k in range(7, 64, 8))
+    assert seen.count("Scale") == 56 * 4 and seen.count("Timed") == 8 * 4
+    assert [k for k in range(64) if seen[k * 4] == "Timed"] == list(range(4, 64, 8))
 
 
 def test_unprofiled_batches_count_their_samples_as_profiled_ones_do():
@@ -372,9 +379,10 @@ def test_unprofiled_batches_count_their_samples_as_profiled_ones_do():
     # which a guess from the batch's shape would count as that many samples
     loader = DataLoader(CostDataset(70), batch_size=None)
     report = pipeprof.profile(loader)
-    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 8
+    # profiled: 4, 12, ..., 68; the first, cold, and 60 others unprofiled
+    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 61
     assert report["samples"] == report["batches"] == 70
-    assert report["stages"]["load"]["count"] == 70 - 8
+    assert report["stages"]["load"]["count"] == 9
 
 
 def _workers_profile(loader, epochs: int = 1):
@@ -392,8 +400,9 @@ def _workers_profile(loader, epochs: int = 1):
 @pytest.mark.parametrize("data", [CostDataset, ItemsDataset])
 def test_unprofiled_batches_measure_what_profiling_costs_in_workers(data):
     # NOTE [ Unprofiled batches ], in workers: 64 batches of 4, 2 workers, 32 batches each; each
-    # worker fetches its batches 7, 15, 23 and 31 unprofiled and the CPU it spent on them is
-    # compared with what it spent on the others from its second on
+    # worker profiles its batches 4, 12, 20 and 28 and fetches the others unprofiled, and the
+    # CPU it spent on those is compared with what it spent on the profiled ones (its first
+    # batch, cold, in neither arm)
     n = 64 * 4
     loader = DataLoader(
         data(n, transform=OnlyWhileProfiled()), batch_size=4, num_workers=2,
@@ -401,22 +410,25 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_workers(data):
     )  # fmt: skip
     report, got = _workers_profile(loader)
     ab = report["overhead"]["unprofiled_batches"]
-    assert ab["in"] == "workers" and ab["batches"] == [54, 8] and ab["unprofiled_samples"] == 32
+    assert ab["in"] == "workers" and ab["batches"] == [8, 54]
+    assert ab["unprofiled_samples"] == 2 * 28 * 4
     # the injected 200 µs a sample, and pipeprof's own work around it: with batches of 4 its
     # per-batch part (packing, probes, clock reads) is tens of µs a sample (seen: 240-340 µs)
     assert 190_000 <= ab["per_sample_ns"] <= 420_000 and ab["used"], ab
     assert report["overhead"]["regions_s"] == pytest.approx(
-        ab["per_sample_ns"] * (n - 32) / 1e9, rel=1e-3
+        ab["per_sample_ns"] * 8 * 4 / 1e9, rel=1e-3
     )
     assert report["samples"] == n and sorted(int(i) for _, b in got for i in b) == list(range(n))
     assert sum(w["samples"] for w in report["workers"]) == n  # all counted as theirs
     stage = report["stages"]["transform/OnlyWhileProfiled"]
-    assert stage["count"] == n - 32  # the unprofiled batches have no records
+    assert stage["count"] == 8 * 4  # the unprofiled batches have no records
+    # its total is scaled to every sample: per sample as per call
     assert stage["per_sample_ms"] == pytest.approx(stage["mean_ms"], rel=1e-3)
+    assert stage["total_s"] == pytest.approx(stage["mean_ms"] * n / 1e3, rel=1e-3)
     assert stage["mean_ms"] >= 0.195  # wall time: two workers and the loop share 2 cores here
     assert report["loop"]["steps"] == 64
     text = " ".join(report.render("text").split())
-    assert "against 8 batches fetched unprofiled in the workers" in text
+    assert "against 54 batches fetched unprofiled in the workers" in text
 
 
 def test_the_summary_says_whether_the_unprofiled_batches_measured_anything():
@@ -425,43 +437,58 @@ def test_the_summary_says_whether_the_unprofiled_batches_measured_anything():
     loader = DataLoader(CostDataset(64 * 4), batch_size=4, num_workers=2)
     report, _ = _workers_profile(loader)
     ab = report["overhead"]["unprofiled_batches"]
-    assert ab["batches"][1] == 8 and ab["per_sample_ns"] is not None
+    assert ab["batches"] == [8, 54] and ab["per_sample_ns"] is not None
     text = " ".join(report.render("text").split())
     if ab.get("used"):
         assert ab["per_sample_ns"] > ab["stderr_ns"]
-        assert "against 8 batches fetched unprofiled in the workers" in text
+        assert "against 54 batches fetched unprofiled in the workers" in text
     else:
         assert ab["per_sample_ns"] <= ab["stderr_ns"]
-        assert "8 batches fetched unprofiled in the workers: " in text
+        assert "54 batches fetched unprofiled in the workers: " in text
         assert "against them, not above its error" in text
-    assert report["stages"]["load"]["count"] == 64 * 4 - 32
+    assert report["stages"]["load"]["count"] == 8 * 4
 
 
 def test_unprofiled_batches_in_spawned_workers_run_the_users_own_transforms():
     # the stand-ins and what they stand in for travel to a spawned worker in one pickle, so
     # setting the user's own back reaches the very objects its dataset copy calls; a short
-    # loader's second pass is one too (a first pass of under 64 batches keeps every record)
-    data = TellsItsTransform(32 * 4, transform=Scale(0.0))
+    # loader's second pass samples (a first pass of under 16 batches keeps every record): each
+    # worker's count goes on from 6, its 7th to 12th batches, and its 13th would be profiled
+    data = TellsItsTransform(12 * 4, transform=Scale(0.0))
     loader = DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     report, got = _workers_profile(loader, epochs=2)
     own = [int(f) for _, flags in got for f in flags]
-    assert len(own) == 64 * 4
-    assert sum(own[: 32 * 4]) == 0  # the first pass: every sample through the stand-in
-    assert sum(own) == 4 * 4 == report["overhead"]["unprofiled_batches"]["unprofiled_samples"]
-    assert report["stages"]["transform/Scale"]["count"] == 64 * 4 - 16
+    assert len(own) == 24 * 4
+    assert sum(own[: 12 * 4]) == 0  # the first pass: every sample through the stand-in
+    assert sum(own) == 12 * 4 == report["overhead"]["unprofiled_batches"]["unprofiled_samples"]
+    assert report["stages"]["transform/Scale"]["count"] == 12 * 4
     text = " ".join(report.render("text").split())
-    assert "4 batches fetched unprofiled in the workers, too few to measure against" in text
+    assert "10 batches fetched unprofiled in the workers against 0 profiled, too few" in text
+    # a third pass goes on with them: each worker's 13th batch (its first here: cold) profiled
+    report, got = _workers_profile(loader, epochs=3)
+    assert report["stages"]["transform/Scale"]["count"] == 12 * 4 + 2 * 4
 
 
 def test_a_short_pass_is_never_fetched_unprofiled_with_workers_or_without():
-    for loader, batches in (
-        (DataLoader(CostDataset(63 * 4), batch_size=4), None),
-        (DataLoader(CostDataset(100 * 4), batch_size=4), 63),  # the run takes 63 of them
-        (DataLoader(CostDataset(63 * 4), batch_size=4, num_workers=1), None),
+    for loader, batches, every in (
+        (DataLoader(CostDataset(15 * 4), batch_size=4), None, 8),
+        (DataLoader(CostDataset(100 * 4), batch_size=4), 15, 8),  # the run takes 15 of them
+        (DataLoader(CostDataset(15 * 4), batch_size=4, num_workers=1), None, 8),
+        (DataLoader(CostDataset(64 * 4), batch_size=4, num_workers=1), None, 1),  # as asked
     ):
-        report = pipeprof.profile(loader, batches=batches)
+        report = pipeprof.profile(loader, batches=batches, stage_every=every)
         assert report["overhead"]["unprofiled_batches"] is None
         assert report["stages"]["load"]["count"] == report["samples"]
+        assert "stage_every" not in report["meta"]
+
+
+def test_stage_every_is_checked():
+    loader = DataLoader(CostDataset(4), batch_size=4)
+    for bad in (0, 2.0, True, "8"):
+        with pytest.raises(ValueError, match="stage_every must be a whole number >= 1"):
+            pipeprof.profile(loader, stage_every=bad)
+        with pytest.raises(ValueError, match="1 times every batch"):
+            pipeprof.Profiler(stage_every=bad)
 
 
 def test_no_batch_is_fetched_unprofiled_while_another_profile_records():

@@ -510,8 +510,9 @@ def test_dataloader_subclasses_yield_what_they_yield_unprofiled():
 
 
 def test_workers_fetching_batches_unprofiled_give_the_same_batches():
-    # NOTE [ Unprofiled batches ], in workers: the second pass of 32 batches (16 a worker) has
-    # each worker's batches 7 and 15 through the user's own transforms; the same random draws
+    # NOTE [ Unprofiled batches ], in workers: each pass of 32 batches (16 a worker) has each
+    # worker's batches 4 and 12 profiled and the other 14 (its first "cold": compared with none)
+    # through the user's own transforms; the same random draws
     chain = transforms.Compose([AddNoise(0.0), Scale(0.0)])
     loader = DataLoader(
         CostDataset(32 * 4, transform=chain), batch_size=4, num_workers=2,
@@ -525,8 +526,10 @@ def test_workers_fetching_batches_unprofiled_give_the_same_batches():
     profiled = list(wrapped) + list(wrapped)
     assert len(plain) == len(profiled) == 64
     assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
-    assert session.costs["abw_off_batches"] == 4
-    assert session.stages["worker0"]["transform/AddNoise"].count == 32 * 4 - 8
+    assert session.costs["abw_off_batches"] == 2 * 2 * 13
+    assert session.costs["abw_cold_batches"] == 2 * 2
+    assert session.costs["abw_on_batches"] == 2 * 2 * 2
+    assert session.stages["worker0"]["transform/AddNoise"].count == 2 * 2 * 4
 
 
 def test_a_transform_a_worker_init_fn_sets_is_kept_through_unprofiled_batches():
@@ -539,7 +542,7 @@ def test_a_transform_a_worker_init_fn_sets_is_kept_through_unprofiled_batches():
     session = Session()
     plain, profiled = batches_of(loader, False), batches_of(loader, True, session=session)
     assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
-    assert session.costs["abw_off_batches"] == 8
+    assert session.costs["abw_off_batches"] == 2 * 27
 
 
 def test_a_worker_init_fn_tuning_the_transform_in_place_tunes_the_users_own():
@@ -556,9 +559,9 @@ def test_a_worker_init_fn_tuning_the_transform_in_place_tunes_the_users_own():
 
 
 def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_path):
-    # NOTE [ Unprofiled batches ]: 66 batches in process, 8 of them through the user's own
-    # loader (PIL's, not pipeprof's read/decode split) and transforms; the rest through the
-    # stand-ins; the same images and random draws either way
+    # NOTE [ Unprofiled batches ]: 66 batches in process, 8 of them (4, 12, ..., 60) through the
+    # stand-ins, the rest through the user's own loader (PIL's, not pipeprof's read/decode
+    # split) and transforms; the same images and random draws either way
     from torchvision import datasets
 
     from pipeprof.demo import make_images
@@ -574,5 +577,5 @@ def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_pa
     profiled = batches_of(loader, profiled=True, session=session)
     assert len(plain) == len(profiled) == 66
     assert all(same(a, b) for a, b in zip(plain, profiled))
-    assert session.costs["ab_off_batches"] == 8
-    assert session.stages["main"]["load/decode"].count == 66 - 8
+    assert session.costs["ab_off_batches"] == 66 - 8 - 1 and session.costs["ab_cold_batches"] == 1
+    assert session.stages["main"]["load/decode"].count == 8

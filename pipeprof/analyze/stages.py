@@ -38,6 +38,19 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
     """
     merged = merged_stages(session)
     table = {path: figures(stat) for path, stat in merged.items()}
+    # The batches fetched with the recorder off have no records in the loader's stages (NOTE
+    # [ Unprofiled batches ] in collect/torch/loader.py): those stages' totals are scaled from
+    # the profiled samples to every sample, so that they add up with the ones timed on every
+    # batch (transfer/h2d, the loop's) and with the wait; counts and per-call figures are of the
+    # profiled samples.
+    off = unprofiled_samples(session)
+    scale = session.samples / (session.samples - off) if 0 < off < session.samples else 1.0
+    if scale != 1.0:
+        for track, stats in session.stages.items():
+            for path, stat in stats.items():
+                if track.startswith("worker") or _loader_path(path):
+                    row = table[path]
+                    row["total_s"] = round(row["total_s"] + stat.total_ns * (scale - 1) / 1e9, 9)
     ancestors = {p.rsplit("/", i)[0] for p in merged for i in range(1, p.count("/") + 1)}
     for parent in sorted(ancestors - merged.keys(), key=lambda p: p.count("/"), reverse=True):
         kids = [v for k, v in table.items() if parent_of(k) == parent]
@@ -47,7 +60,10 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
             **figures(Stat()),
             "total_s": round(total, 9),
             "count": count,
-            "mean_ms": round(total * 1e3 / count, 6) if count else None,
+            # per call, of the calls timed: a loader's totals are scaled, its counts are not
+            "mean_ms": round(total * 1e3 / count / (scale if _loader_path(parent) else 1), 6)
+            if count
+            else None,
             "derived": True,
         }
     # tf.data stages come from a trace of the first elements only: per sample of those; a stage
@@ -60,26 +76,42 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         max(tf.get("traced_samples") or session.samples, 1),
         max(tf.get("traced_batches") or session.batches, 1),
     )
-    # the batches fetched with the recorder off have no records in the loader's stages
-    # (NOTE [ Unprofiled batches ] in collect/torch/loader.py)
-    costs = session.costs
-    off = [costs.get(f"{k}_off_{n}", 0) for n in ("samples", "batches") for k in ("ab", "abw")]
-    profiled = (
-        max(session.samples - off[0] - off[1], 1),
-        max(session.batches - off[2] - off[3], 1),
-    )
     pipeline_s = top_total(table) or 1.0
     for path, row in table.items():
         under = {t for t, st in session.stages.items() for p in st if _at_or_under(p, path)}
         samples, batches = traced if under and under <= covered else every
-        if path.split("/")[0] in ("load", "transform", "collate") or path == "transfer/pin":
-            samples, batches = min(samples, profiled[0]), min(batches, profiled[1])
         row["per_sample_ms"] = round(row["total_s"] * 1e3 / samples, 6)
         row["per_batch_ms"] = round(row["total_s"] * 1e3 / batches, 6)
         row["share"] = round(row["total_s"] / pipeline_s, 6) if "/" not in path else None
         row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
     # merged (and so table) lists the recorded paths in the order they first ran
     return {path: table[path] for path in tree_order(table)}
+
+
+def recorded_s(session: Session) -> float:
+    """The top-level stages' time as recorded, in seconds: as ``top_total`` of the stage table,
+    but not scaled to the batches fetched unprofiled."""
+    merged = merged_stages(session)
+
+    def total(path: str) -> int:
+        if path in merged:
+            return merged[path].total_ns
+        under = [p[len(path) + 1 :] for p in merged if p.startswith(path + "/")]
+        return sum(total(f"{path}/{kid}") for kid in {p.split("/")[0] for p in under})
+
+    return sum(total(top) for top in {p.split("/")[0] for p in merged}) / 1e9
+
+
+def unprofiled_samples(session: Session) -> int:
+    """The samples of the batches fetched with the recorder off (NOTE [ Unprofiled batches ] in
+    collect/torch/loader.py), in the training process and in the workers."""
+    c = session.costs
+    return sum(c.get(f"{k}_{arm}_samples", 0) for k in ("ab", "abw") for arm in ("off", "cold"))
+
+
+def _loader_path(path: str) -> bool:
+    """A stage a DataLoader's pipeline records (not the loop's): none in unprofiled batches."""
+    return path.split("/")[0] in ("load", "transform", "collate") or path == "transfer/pin"
 
 
 def _at_or_under(path: str, parent: str) -> bool:
@@ -207,15 +239,19 @@ def unprofiled_ab(session: Session, prefix: str = "ab") -> dict[str, Any] | None
         "per_sample_ns": round(on - off, 1) if enough else None,
         "stderr_ns": round(math.sqrt(v_on + v_off), 1) if enough else None,
         "batches": [n_on, n_off],
-        "unprofiled_samples": c.get(f"{prefix}_off_samples", 0),
+        # with the first batch of a pass (or of a worker), unprofiled but compared with none
+        "unprofiled_samples": c.get(f"{prefix}_off_samples", 0)
+        + c.get(f"{prefix}_cold_samples", 0),
     }
 
 
 def _measured(ab: dict[str, Any] | None) -> bool:
     """An unprofiled-batch comparison that says more than its noise (used from one standard
     error on: a few preempted batches widen the error more than they move the difference)."""
-    return ab is not None and ab["per_sample_ns"] is not None and (
-        ab["per_sample_ns"] > ab["stderr_ns"]
+    return (
+        ab is not None
+        and ab["per_sample_ns"] is not None
+        and (ab["per_sample_ns"] > ab["stderr_ns"])
     )
 
 
@@ -243,7 +279,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     costs = session.costs
     probes = session.probe.count  # the median probe: a preempted one says nothing of a region
     in_situ_ns = session.probe.percentile_ns(50) if probes >= MIN_PROBES else None
-    stage_s = sum(v["total_s"] for k, v in stages.items() if "/" not in k)
+    stage_s = recorded_s(session)  # what the regions ran in
     region_ns, warm_ns, cold_share, displaced_ns = in_situ_ns, None, None, 0.0
     if in_situ_ns is not None and session.probe_warm.count >= MIN_PROBES:
         # NOTE [ In-situ region cost ]: the cold probe's excess over the warm one, in the

@@ -121,6 +121,21 @@ def _size(mb: float) -> str:
     return f"{num(mb)} MB" if mb >= 1 else f"{num(mb * 1e3)} kB"
 
 
+def sampling_line(data: dict[str, Any]) -> str | None:
+    """How many samples the loader's stages were timed on, when a sample of the batches was
+    (NOTE [ Unprofiled batches ] in collect/torch/loader.py), else None."""
+    every = (data.get("meta") or {}).get("stage_every")
+    ab = (data.get("overhead") or {}).get("unprofiled_batches") or {}
+    off, samples = ab.get("unprofiled_samples") or 0, data.get("samples") or 0
+    if not every or not off or not samples:
+        return None
+    return (
+        f"stages timed in 1 batch in {every}: {samples - off:,} of {samples:,} samples; the "
+        "other batches ran unprofiled, and each stage's total and share are scaled to every "
+        "sample (stage_every=1 times every batch)"
+    )
+
+
 def overhead_line(data: dict[str, Any]) -> str:
     """pipeprof's own cost as the report states it (``overhead``; docs/overhead.md)."""
     o = data.get("overhead") or {}
@@ -144,7 +159,10 @@ def overhead_line(data: dict[str, Any]) -> str:
         parts = [f"{o.get('events', 0):,} timed regions at {num(o.get('per_event_ns'))} ns"]
     if off and not ab.get("used"):  # why the stages count fewer samples than the run had
         if ab.get("per_sample_ns") is None:
-            parts.append(f"{off} batches fetched unprofiled{where}, too few to measure against")
+            on = ab.get("batches", [0, 0])[0]
+            parts.append(
+                f"{off} batches fetched unprofiled{where} against {on} profiled, too few to compare"
+            )
         else:
             parts.append(
                 f"{off} batches fetched unprofiled{where}: "

@@ -25,6 +25,7 @@ from pipeprof.render.figures import (
     num,
     overhead_line,
     pct,
+    sampling_line,
     top_total,
     util,
     visible,
@@ -109,6 +110,7 @@ def stage_rows(data: dict[str, Any]) -> str:
         '<table class="stages"><tr><th>stage</th><th>ms/sample</th><th>ms/batch</th>'
         f"<th>share</th><th>p50 ms</th><th>p95 ms</th><th>calls</th></tr>{''.join(out)}"
         "</table>"
+        + (f'<p class="dim">{escape(line)}</p>' if (line := sampling_line(data)) else "")
     )
 
 

@@ -35,6 +35,7 @@ from pipeprof.render.figures import (
     num,
     overhead_line,
     pct,
+    sampling_line,
     top_total,
     util,
     visible,
@@ -211,7 +212,8 @@ def stagetable(data: dict[str, Any]) -> RenderableType | None:
             num(row.get("p95_ms")),
             bar(share),
         )
-    return t
+    line = sampling_line(data)
+    return Group(t, Text(line, style="dim")) if line else t
 
 
 def h5table(data: dict[str, Any]) -> RenderableType | None:

@@ -48,22 +48,25 @@ _T = TypeVar("_T")
 # Named like torch.profiler's own span so that traces line up.
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
-# NOTE [ Unprofiled batches ]: a map-style loader of at least AB_MIN_BATCHES batches fetches one
-# batch in AB_PERIOD with the recorder off and the dataset copy's transforms set back to the
-# user's own, until AB_OFF_BATCHES such batches, and the CPU per sample of those against the
-# profiled ones around them is what the timed regions and their wrappers cost
-# (analyze/stages.py: ``overhead``); those batches have no stage records.
+# NOTE [ Unprofiled batches ]: in a map-style pass of at least SAMPLE_MIN_BATCHES batches, the
+# loader's stages are timed in one batch in ``stage_every`` (STAGE_EVERY unless the user says;
+# 1: every batch); the others are fetched with the recorder off and the dataset copy's
+# transforms set back to the user's own, so they run none of pipeprof's frames and have no stage
+# records (analyze/stages.py scales the stages' totals to every sample). Timing a sample of the
+# batches is what keeps pipeprof near 1 % of the CPU of a pipeline whose samples cost about a
+# millisecond (docs/overhead.md). The CPU per sample of the unprofiled batches against the
+# profiled ones among them (a pass's first batch, or a worker's, is cold: in neither arm) is what
+# the timed regions and their wrappers cost (analyze/stages.py: ``overhead``).
 # - num_workers=0: the process's CPU around ``next()`` (the process's: torch's intra-op threads
 #   spin while pipeprof's code runs between their ops); costs ``ab_*``.
-# - Workers: each worker decides for its own batches (``MapDataset._off_batch``), within a share
-#   of what is left of AB_OFF_BATCHES (rounded up: a few more in all with many workers), and its
-#   CPU per batch (``cpu_ns``, which every payload carries) is compared; costs ``abw_*``. Also
-#   from the second pass of a loop over a shorter loader's epochs, but workers that persist keep
-#   the share they were started with. An unprofiled batch still travels in a Carrier, with no
-#   records, so its wait splits and its worker's busy time counts as a profiled one's do.
-AB_MIN_BATCHES = 64
-AB_PERIOD = 8
-AB_OFF_BATCHES = 24
+# - Workers: each worker decides for its own batches (``MapDataset._off_batch``), counting its
+#   batches from its start, and its CPU per batch (``cpu_ns``, which every payload carries) is
+#   compared; costs ``abw_*``. Also from the second pass of a loop over a shorter loader's epochs;
+#   workers that persist keep the rule they were started with. An unprofiled batch still travels
+#   in a Carrier, with no records, so its wait splits and its worker's busy time counts as a
+#   profiled one's do.
+SAMPLE_MIN_BATCHES = 16
+STAGE_EVERY = 8
 
 
 class Carrier:
@@ -136,7 +139,8 @@ class _Delegate:
 
 
 # pipeprof's own attributes of a delegate (NOTE [ Unprofiled batches ]), set with
-# ``object.__setattr__``: the stand-ins and what they stand in for, and the workers' share
+# ``object.__setattr__``: the stand-ins and what they stand in for, and the workers' rule
+# (``(stage_every, phase)``, or None: every batch profiled)
 _DELEGATE_EXTRAS = ("_swaps", "_ab")
 
 
@@ -163,10 +167,11 @@ def set_swaps(swaps: Any, plain: bool) -> list[Any]:
     return done
 
 
-# NOTE [ Unprofiled batches ], in a worker: its batches so far and those fetched unprofiled; the
-# batch in hand's arm ("on", "off", or None outside the comparison); while an unprofiled batch is
-# in hand, when its fetch began and the stand-ins to set again (both reset in ``WorkerInit``)
-_WORKER_AB = [0, 0]
+# NOTE [ Unprofiled batches ], in a worker: its batches so far; the batch in hand's arm ("on",
+# "off", "cold": unprofiled but outside the comparison, or None: profiled, outside it); while an
+# unprofiled batch is in hand, when its fetch began and the stand-ins to set again (all reset in
+# ``WorkerInit``)
+_WORKER_AB = [0]
 _ARM: list[str | None] = [None]
 _OFF: list[tuple[int, Any] | None] = [None]
 
@@ -212,23 +217,19 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
 
     def _off_batch(self) -> bool:
         """NOTE [ Unprofiled batches ], in a worker: whether the batch now fetched is one of its
-        unprofiled ones (after its first, one in ``period``, at most ``cap``); if so the
-        recorder is off and the user's transforms are back until ``Collate`` has made it."""
+        unprofiled ones (all but one in ``stage_every``); if so the recorder is off and the
+        user's transforms are back until ``Collate`` has made it."""
         ab = self.__dict__["_ab"]
         if ab is None or _OFF[0] is not None:
             _ARM[0] = None
             return False
-        period, cap = ab
-        k, done = _WORKER_AB
+        every, phase = ab
+        k = _WORKER_AB[0]
         _WORKER_AB[0] = k + 1
-        if k < 1 or done >= cap:
-            _ARM[0] = None
+        if (k + phase) % every == every // 2:
+            _ARM[0] = "on" if k else None  # its first batch is cold: compared with none
             return False
-        if k % period != period - 1:
-            _ARM[0] = "on"
-            return False
-        _WORKER_AB[1] = done + 1
-        _ARM[0] = "off"
+        _ARM[0] = "off" if k else "cold"
         recorder().enabled = False
         _OFF[0] = (clock(), set_swaps(self.__dict__.get("_swaps", ()), plain=True))
         return True
@@ -295,8 +296,9 @@ class Collate:
                 _end_off()
             payload = {
                 "raw": {}, "track": rec.track, "pid": rec.pid, "first_ns": off[0], "events": 0,
-                "end_ns": clock(), "samples": n, "cost_ns": 0, "ab": "off",
+                "end_ns": clock(), "samples": n, "cost_ns": 0, "ab": _ARM[0],
             }  # fmt: skip
+            _ARM[0] = None
             _mark_cpu(payload)
             return Carrier(batch, payload)
         probe_ns, warm_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
@@ -348,7 +350,7 @@ class WorkerInit:
         rec = recorder()
         rec.reset(f"worker{worker_id}")
         rec.enabled = True
-        _WORKER_AB[:] = [0, 0]  # NOTE [ Unprofiled batches ]: a fork inherits the parent's
+        _WORKER_AB[0] = 0  # NOTE [ Unprofiled batches ]: a fork inherits the parent's
         _ARM[0] = _OFF[0] = None
         if self.nvtx or rec.ranges is not None:  # asked for, or inherited through fork
             from pipeprof.collect import ranges
@@ -445,6 +447,8 @@ class ProfiledLoader:
     Yields exactly the batches ``loader`` would (moved to ``device`` when one is given). With
     ``ranges`` (NVTX, collect/ranges.py) each wait and each copy is a range, and the workers
     emit their stages. ``limit``: the batches a pass will take, where the caller knows it.
+    ``stage_every``: the loader's stages are timed in one batch in that many, in a pass of at
+    least SAMPLE_MIN_BATCHES batches (NOTE [ Unprofiled batches ]); 1 times every batch.
     """
 
     def __init__(
@@ -454,9 +458,12 @@ class ProfiledLoader:
         device: Any = None,
         ranges: Any = None,
         limit: int | None = None,
+        stage_every: int = STAGE_EVERY,
     ) -> None:
         t0 = clock()
         self.user_loader = loader
+        self.stage_every = stage_every  # NOTE [ Unprofiled batches ]
+        self.seen = 0  # batches yielded over all passes
         self.opaque = own_iteration(loader)
         if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
             what = f"{type(loader).__name__} overrides {', '.join(self.opaque)}"
@@ -522,11 +529,12 @@ class ProfiledLoader:
             while True:
                 k += 1
                 s = self.session
-                measure = (  # a second profile in this process would lose its records
-                    ab and k >= 1 and rec.active == 1
-                    and s.costs.get("ab_off_batches", 0) < AB_OFF_BATCHES
-                )  # fmt: skip
-                off = measure and k % AB_PERIOD == AB_PERIOD - 1
+                # a second profile in this process would lose its records; the rule runs on from
+                # pass to pass (``seen``: this batch's index over them), so that each pass of a
+                # short loader's epochs takes its turn
+                sampled = ab and rec.active == 1
+                off = sampled and self.seen % self.stage_every != self.stage_every // 2
+                measure = sampled and k >= 1  # the first batch is cold: compared with none
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
                 before = rec.enter(mine)
@@ -542,6 +550,7 @@ class ProfiledLoader:
                     try:
                         carrier = next(it)
                         t1 = clock()
+                        self.seen += 1
                     except StopIteration:
                         return
                     finally:
@@ -555,8 +564,9 @@ class ProfiledLoader:
                     n = _COLLATED[0] if off else None
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span, n)
                     first = False
-                    if measure:
-                        self._ab_add("ab_off" if off else "ab_on", cpu, s.samples - n0)
+                    if measure or off:
+                        arm = ("ab_off" if off else "ab_on") if measure else "ab_cold"
+                        self._ab_add(arm, cpu, s.samples - n0)
                     copy_ns = 0
                     if self.h2d is not None:
                         if nv is not None:
@@ -588,8 +598,17 @@ class ProfiledLoader:
                     hdf5.uninstall()
 
     def _ab_eligible(self) -> bool:
-        """NOTE [ Unprofiled batches ]: a pass made in this thread, long enough to spare some."""
-        return not self.loader.num_workers and self._ab_long(AB_MIN_BATCHES)
+        """NOTE [ Unprofiled batches ]: a pass made in this thread, long enough to sample."""
+        return not self.loader.num_workers and self._sampled()
+
+    def _sampled(self) -> bool:
+        """NOTE [ Unprofiled batches ]: whether this pass times its stages in a sample of its
+        batches: a long one, or the second of a loop over a shorter loader's epochs (a short
+        one-off keeps every record). Said in ``meta["stage_every"]`` once a pass does."""
+        if self.stage_every < 2 or not self._ab_long(SAMPLE_MIN_BATCHES if self.passes < 2 else 1):
+            return False
+        self.session.meta["stage_every"] = self.stage_every
+        return True
 
     def _ab_long(self, least: int) -> bool:
         """A map-style pass of at least ``least`` batches, with no NVTX ranges: it can spare
@@ -611,17 +630,16 @@ class ProfiledLoader:
             set_swaps(self._swapped, False)
 
     def _arm_workers(self) -> None:
-        """NOTE [ Unprofiled batches ]: each worker's share of the unprofiled batches still to
-        fetch (workers that persist keep the share they started with)."""
+        """NOTE [ Unprofiled batches ]: the workers' rule for this pass (workers that persist
+        keep the one they started with)."""
         dataset = self.loader.dataset
         if not isinstance(dataset, MapDataset) or "_swaps" not in dataset.__dict__:
             return
-        n = self.loader.num_workers
-        left = AB_OFF_BATCHES - self.session.costs.get("abw_off_batches", 0)
-        # a long pass, or the second of a loop over epochs (a short one-off keeps every record)
-        long = self._ab_long(AB_MIN_BATCHES if self.passes < 2 else 1)
-        share = (AB_PERIOD, -(-left // n)) if n and left > 0 and long else None
-        object.__setattr__(dataset, "_ab", share)
+        # each worker's count of batches goes on from the last pass's (``seen`` shared out), so
+        # that workers started afresh for each of a short loader's epochs take their turn
+        phase = self.seen // self.loader.num_workers % self.stage_every
+        ab = (self.stage_every, phase) if self._sampled() else None
+        object.__setattr__(dataset, "_ab", ab)
 
     def _ab_add(self, arm: str, cpu_ns: int, samples: int) -> None:
         if samples <= 0:
@@ -691,7 +709,8 @@ class ProfiledLoader:
             return carrier
         payload = carrier.payload
         arm = payload.get("ab")  # NOTE [ Unprofiled batches ], measured in a worker
-        if arm != "off":  # an unprofiled batch has no records
+        unprofiled = arm in ("off", "cold")
+        if not unprofiled:  # an unprofiled batch has no records
             s.merge(payload)
             if payload["track"] != "main":
                 s.add_cost("worker_events", payload["events"])
@@ -711,7 +730,7 @@ class ProfiledLoader:
                 s.probe_warm.add(warm_ns)
         if arm is not None and "cpu_ns" in payload:
             self._ab_add(f"abw_{arm}", payload["cpu_ns"], payload["samples"])
-        if carrier.pin_ns and arm != "off":  # an unprofiled batch has no stage records
+        if carrier.pin_ns and not unprofiled:  # an unprofiled batch has no stage records
             s.add("main", "transfer/pin", carrier.pin_ns)
         # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
         starved = min(max(0, ready - t0), t1 - t0)
