@@ -166,6 +166,13 @@ def test_a_new_loader_every_epoch_is_one_loop(tmp_path):
     assert [e["label"] for e in report["meta"]["run"]["loaders"]] == ["data"]
 
 
+def test_stage_every_reaches_each_loaders_profiler(tmp_path):
+    ran = pipeprof_run(tmp_path, "--stage-every", "1", TRAIN, "--epochs", "2", "--samples", "96")
+    assert ran.returncode == 0, ran.stderr
+    main = load(tmp_path / "run.json")
+    assert main["stages"]["load"]["count"] == 2 * 96 and "stage_every" not in main["meta"]
+
+
 def test_batches_stops_profiling_and_the_script_runs_on(tmp_path):
     ran = pipeprof_run(tmp_path, "--batches", "5", TRAIN, "--epochs", "2", "--samples", "64")
     assert ran.returncode == 0, ran.stderr
@@ -211,6 +218,8 @@ def test_bad_input(tmp_path):
     assert ran.returncode == 2 and "give the training script" in ran.stderr
     ran = pipeprof_run(tmp_path, "--batches", "0", TRAIN)
     assert ran.returncode == 2 and "--batches" in ran.stderr
+    ran = pipeprof_run(tmp_path, "--stage-every", "0", TRAIN)
+    assert ran.returncode == 2 and "--stage-every" in ran.stderr
 
 
 @pytest.mark.timing
