@@ -73,7 +73,7 @@ class Profiler:
     there, nothing is emitted and the report's notes say so: docs/integrations.md).
     ``stage_every`` times a DataLoader's stages in one batch in that many (a pass of 16 batches
     or more; the others run unprofiled, and the stages' totals are scaled to every sample); 1
-    times every batch, at about 8 times the cost (docs/overhead.md).
+    times every batch, its timed regions then costing 8 times as much (docs/overhead.md).
     """
 
     def __init__(
