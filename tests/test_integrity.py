@@ -189,9 +189,12 @@ def test_concurrent_profiles_in_two_threads_keep_their_own_stages():
     a, b = reports["a"].to_dict(), reports["b"].to_dict()
     assert "transform/TA" in a["stages"] and "transform/TB" not in a["stages"]
     assert "transform/TB" in b["stages"] and "transform/TA" not in b["stages"]
-    assert a["stages"]["load"]["count"] == 30 and b["stages"]["load"]["count"] == 20
-    assert a["stages"]["transform/TA"]["count"] == 30
-    assert b["stages"]["transform/TB"]["count"] == 20
+    # a pass times a sample of its batches only while no other profile records in the process
+    # (NOTE [ Unprofiled batches ]): whichever batches ran unprofiled are counted as such
+    for report, n, name in ((a, 30, "transform/TA"), (b, 20, "transform/TB")):
+        off = (report["overhead"]["unprofiled_batches"] or {}).get("unprofiled_samples", 0)
+        assert report["samples"] == n
+        assert report["stages"]["load"]["count"] == report["stages"][name]["count"] == n - off
 
 
 def test_a_nested_profile_takes_nothing_from_the_enclosing_loop():
