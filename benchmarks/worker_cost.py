@@ -39,8 +39,8 @@ import torch
 from _common import jpeg160_dataset
 from torch.utils.data import default_collate
 
-from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.collect.torch import loader as loader_mod
+from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.collect.torch.loader import Collate, MapDataset, set_swaps
 from pipeprof.core.recorder import recorder
 from pipeprof.demo import make_images
