@@ -248,10 +248,8 @@ def unprofiled_ab(session: Session, prefix: str = "ab") -> dict[str, Any] | None
 def _measured(ab: dict[str, Any] | None) -> bool:
     """An unprofiled-batch comparison that says more than its noise (used from one standard
     error on: a few preempted batches widen the error more than they move the difference)."""
-    return (
-        ab is not None
-        and ab["per_sample_ns"] is not None
-        and (ab["per_sample_ns"] > ab["stderr_ns"])
+    return ab is not None and ab["per_sample_ns"] is not None and (
+        ab["per_sample_ns"] > ab["stderr_ns"]
     )
 
 
