@@ -51,8 +51,10 @@ torch.profiler is made to just after its ``with`` block ends, workers joined):
                   against the measured extra CPU, pipeprof's all-process CPU minus plain's in the
                   same round.
   added CPU       the mean over rounds of each variant's CPU minus plain's, µs per sample, with
-                  its standard error: all processes, the main process, the workers' user time
-                  and their system time apart.
+                  its standard error and the median (a round the VM stalled moves the mean):
+                  all processes, the main process, the workers' user time and their system time
+                  apart; and each other variant against pipeprof round by round (the median
+                  difference, and in how many rounds it was higher).
 
 The workers' system time is mostly minor page faults, and with glibc's default malloc their count
 swings from run to run with the heap's layout (the dynamic mmap and trim thresholds: a freed
@@ -452,10 +454,11 @@ DIFFS = (
 
 
 def _mean_se(vals: list[float]) -> dict[str, float]:
+    """Mean and its standard error, and the median (a round the VM stalled moves the mean)."""
     n = len(vals)
     mean = statistics.fmean(vals)
     se = statistics.stdev(vals) / n**0.5 if n > 1 else float("nan")
-    return {"mean": mean, "se": se}
+    return {"mean": mean, "se": se, "median": statistics.median(vals)}
 
 
 def _cell(s: dict[str, float], fmt: str) -> str:
@@ -490,14 +493,29 @@ def table(result: dict[str, Any]) -> str:
     )
     summ = result["summary"]
     lines.append("")
-    lines.append("added CPU, µs per sample: mean of the per-round differences from plain ± its SE")
+    lines.append(
+        "added CPU, µs per sample: mean of the per-round differences from plain ± its SE "
+        "(their median)"
+    )
     for v in variants:
         if v != "plain":
             cells = [
-                f"{label} {d['mean']:+.1f} ± {d['se']:.1f}"
+                f"{label} {d['mean']:+.1f} ± {d['se']:.1f} ({d['median']:+.1f})"
                 for label, d in summ[v]["added_us_per_sample"].items()
             ]
             lines.append(f"  {v:15s} " + "; ".join(cells))
+    others = [v for v in variants if v not in ("plain", "pipeprof")]
+    if "pipeprof" in variants and others:  # variants against pipeprof itself, round by round
+        lines.append("  against pipeprof, round by round (µs a sample): median, rounds above")
+        for v in others:
+            d = [
+                (r[v]["cpu_s"] - r["pipeprof"]["cpu_s"]) * 1e6 / r[v]["samples"]
+                for r in rounds
+            ]
+            above = sum(x > 0 for x in d)
+            lines.append(
+                f"    {v:13s} {statistics.median(d):+.1f}, higher in {above} of {len(d)} rounds"
+            )
     if "self_reported" in summ:
         sr = summ["self_reported"]
         lines.append("")
