@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from pipeprof.bench.bench import Bench, bench
+from pipeprof.core.recorder import STAGE_EVERY
 from pipeprof.core.session import check_writable
 from pipeprof.render import FORMATS, format_for
 from pipeprof.report import Report
@@ -93,9 +94,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    "script runs on unprofiled")  # fmt: skip
     p.add_argument("--sample-hz", type=float, default=10.0,
                    help="GPU and host sampling rate (10; 0 turns sampling off)")  # fmt: skip
-    p.add_argument("--stage-every", type=_positive, default=8,
-                   help="time the loaders' stages in one batch in this many (8; 1: every "
-                   "batch)")  # fmt: skip
+    p.add_argument("--stage-every", type=_positive, default=STAGE_EVERY,
+                   help=f"time the loaders' stages in one batch in this many ({STAGE_EVERY}; "
+                   "1: every batch)")  # fmt: skip
     p.add_argument("--no-regions", action="store_true",
                    help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
     p.add_argument("--nvtx", action="store_true",

@@ -18,7 +18,7 @@ from pipeprof.collect.loop import GenericSource, StepLog, run_alone
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
-from pipeprof.core.recorder import clock, measure_overhead, recorder
+from pipeprof.core.recorder import STAGE_EVERY, clock, measure_overhead, recorder
 from pipeprof.core.session import Session, check_writable
 from pipeprof.report import Report
 
@@ -89,7 +89,7 @@ class Profiler:
         nvml: Any = None,
         event_factory: Callable[[], Any] | None = None,
         nvtx: bool = False,
-        stage_every: int = 8,
+        stage_every: int = STAGE_EVERY,
     ) -> None:
         cpu0 = time.thread_time_ns()  # this thread's CPU here, as in start(): costs["control_ns"]
         _check_stage_every(stage_every)
@@ -534,7 +534,7 @@ def profile(
     batches: int | None = None,
     device: Any = None,
     nvtx: bool = False,
-    stage_every: int = 8,
+    stage_every: int = STAGE_EVERY,
 ) -> Report:
     """Iterate ``loader`` for ``batches`` batches (None: one epoch) and report its stages.
 

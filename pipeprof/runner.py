@@ -52,7 +52,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from pipeprof.core.recorder import clock
+from pipeprof.core.recorder import STAGE_EVERY, clock
 from pipeprof.profiler import Profiler
 from pipeprof.report import Report
 
@@ -105,7 +105,7 @@ class Run:
         sample_hz: float = 10.0,
         regions: bool = True,
         nvtx: bool = False,
-        stage_every: int = 8,
+        stage_every: int = STAGE_EVERY,
     ) -> None:
         self.batches = batches
         self.nvtx = nvtx  # NVTX ranges (collect/ranges.py)

@@ -51,7 +51,7 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
                 if track.startswith("worker") or _loader_path(path):
                     row = table[path]
                     row["total_s"] = round(row["total_s"] + stat.total_ns * (scale - 1) / 1e9, 9)
-    ancestors = {p.rsplit("/", i)[0] for p in merged for i in range(1, p.count("/") + 1)}
+    ancestors = {a for p in merged for a in _ancestors(p)}
     for parent in sorted(ancestors - merged.keys(), key=lambda p: p.count("/"), reverse=True):
         kids = [v for k, v in table.items() if parent_of(k) == parent]
         total = sum(k["total_s"] for k in kids)
@@ -91,15 +91,9 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
 def recorded_s(session: Session) -> float:
     """The top-level stages' time as recorded, in seconds: as ``top_total`` of the stage table,
     but not scaled to the batches fetched unprofiled."""
-    merged = merged_stages(session)
-
-    def total(path: str) -> int:
-        if path in merged:
-            return merged[path].total_ns
-        under = [p[len(path) + 1 :] for p in merged if p.startswith(path + "/")]
-        return sum(total(f"{path}/{kid}") for kid in {p.split("/")[0] for p in under})
-
-    return sum(total(top) for top in {p.split("/")[0] for p in merged}) / 1e9
+    merged = merged_stages(session)  # a parent not timed itself sums its children: count those
+    outer = [st for p, st in merged.items() if not any(a in merged for a in _ancestors(p))]
+    return sum(st.total_ns for st in outer) / 1e9
 
 
 def unprofiled_samples(session: Session) -> int:
@@ -112,6 +106,10 @@ def unprofiled_samples(session: Session) -> int:
 def _loader_path(path: str) -> bool:
     """A stage a DataLoader's pipeline records (not the loop's): none in unprofiled batches."""
     return path.split("/")[0] in ("load", "transform", "collate") or path == "transfer/pin"
+
+
+def _ancestors(path: str) -> list[str]:
+    return [path.rsplit("/", i)[0] for i in range(1, path.count("/") + 1)]
 
 
 def _at_or_under(path: str, parent: str) -> bool:

@@ -460,6 +460,9 @@ def _noop(x: Any) -> Any:
     return x
 
 
+# NOTE [ Unprofiled batches ] in collect/torch/loader.py: a DataLoader's stages are timed in one
+# batch in this many unless the user says otherwise (``stage_every``)
+STAGE_EVERY = 8
 PROBE = "\x00probe"  # the path of the in-situ probe's region (its record is dropped at once)
 PROBE_CAP_NS = 50_000  # a probe that took longer was preempted: it says nothing of the region
 

@@ -41,7 +41,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from pipeprof.collect import hdf5
 from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.core.batch import batch_nbytes, batch_size, samples_to_collate
-from pipeprof.core.recorder import PROBE_CAP_NS, clock, probe, recorder, timed_call1
+from pipeprof.core.recorder import (
+    PROBE_CAP_NS,
+    STAGE_EVERY,
+    clock,
+    probe,
+    recorder,
+    timed_call1,
+)
 from pipeprof.core.session import Session
 
 _T = TypeVar("_T")
@@ -66,7 +73,6 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 #   in a Carrier, with no records, so its wait splits and its worker's busy time counts as a
 #   profiled one's do.
 SAMPLE_MIN_BATCHES = 16
-STAGE_EVERY = 8
 
 
 class Carrier:
