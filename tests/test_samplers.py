@@ -28,6 +28,7 @@ from pipeprof.collect.samplers import (
     query,
 )
 from pipeprof.collect.samplers import host as host_module
+from pipeprof.collect.samplers import nvml as nvml_module
 
 MS = 1_000_000
 
@@ -241,9 +242,16 @@ def test_nvml_unavailable_says_why_and_does_not_crash(fake: FakeNvml, says: str)
 
 def test_nvml_without_pynvml_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    monkeypatch.setattr(nvml_module, "_MISSING", [])  # what this process found before
     s = NvmlSampler()
     assert not s.prime() and not s.to_dict()["available"]
     assert "pip install nvidia-ml-py" in s.to_dict()["note"]
+    # missing for the rest of the process: a later sampler says so without a thread or a try
+    later = NvmlSampler().start()
+    assert later._thread is None and not later.is_alive()
+    assert later.to_dict()["note"] == s.to_dict()["note"]
+    fake = FakeNvml([FakeGpu()])  # a module passed in is always tried
+    assert NvmlSampler(nvml=fake)._refusal() is None
 
 
 def test_nvml_gpus_restricts_devices() -> None:
@@ -439,7 +447,45 @@ def test_host_looks_up_children_only_after_a_process_starts(
     assert s.to_dict()["timeline"]["children_cpu"][-1] == 0
     assert f"/proc/{child.pid}/stat" not in _proc_fds()
     s.close()
-    assert sorted(_proc_fds()) == before
+    # what stays open is the source kept for the next sampler: its own files, no child's
+    kept = {"/proc/stat", "/proc/loadavg", "/proc/diskstats", f"/proc/{os.getpid()}/stat"}
+    assert set(_proc_fds()) - set(before) <= kept
+
+
+@needs_procfs
+def test_host_source_is_kept_for_the_next_sampler_never_shared() -> None:
+    """The /proc files and psutil objects are made once per process: a sampler that stops gives
+    them back with its children let go, the next one takes them, two at once never share, and
+    a forked child makes its own."""
+    first = HostSampler(hz=10)
+    assert first.prime()
+    src = first._src
+    first.close()
+    assert src in host_module._POOL
+    second, third = HostSampler(hz=10), HostSampler(hz=10)
+    assert second.prime() and second._src is src
+    assert third.prime() and third._src is not src  # while `second` holds it
+    assert second.to_dict()["cpu_count"] == psutil.cpu_count()
+    second.close()
+    third.close()
+    assert len(host_module._POOL) <= 2
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_prime_in_child, args=(out,))
+    child.start()
+    try:
+        assert out.get(timeout=30) == (True, True)
+    finally:
+        child.join(10)
+
+
+def _prime_in_child(out: Any) -> None:
+    s = HostSampler(hz=10)
+    ok = s.prime()
+    src = s._src
+    _, _, rss = src.read(os.getpid())  # its own process, not the parent's
+    s.close()
+    out.put((ok and src.pid == os.getpid(), rss > 0 and src._root.pid == os.getpid()))
 
 
 def test_host_children_there_at_start_are_primed_with_the_main() -> None:

@@ -30,6 +30,12 @@ So:
   CPU and RSS before then are in neither its ``per_process`` entry nor ``children_cpu``), plus its
   priming sample as before. A child that exits is dropped at the first sample that cannot read it.
 
+A source (the open /proc files, psutil's objects, which devices are whole disks, the core
+count) is made once per process and kept between samplers (``_take`` and ``_give_back``): making
+one costs 1-2 ms where a profile starts, as much as 5 samples, and it does not change. Each
+sampler holds its own while it runs, so two at once never share descriptors; a child's are let
+go when the sampler stops.
+
 A process's CPU % is the change of its CPU time (user + system) over the monotonic wall time
 between two of its readings, as psutil's ``cpu_percent(None)`` computes it; its first reading is
 n/a (priming), not 0. Processes are keyed by pid and start time: a pid reused by another process
@@ -97,6 +103,8 @@ class _Psutil:
 
     def __init__(self, psutil: Any) -> None:
         self.psutil = psutil
+        self.pid = os.getpid()  # whose source this is: a forked child makes its own
+        self.cpu_count = psutil.cpu_count() or os.cpu_count() or 1
         self._root = psutil.Process()
         self._procs: dict[int, Any] = {self._root.pid: self._root}  # pid -> psutil.Process
         self.has_iowait = hasattr(psutil.cpu_times(), "iowait")  # Linux only
@@ -137,6 +145,14 @@ class _Psutil:
 
     def close(self) -> None:
         return None
+
+    def release(self) -> None:
+        """Let go of what is kept for the children (another sampler may take this source)."""
+        for pid in [k for k in self._keys() if isinstance(k, int) and k != self._root.pid]:
+            self.forget(pid)
+
+    def _keys(self) -> list[Any]:
+        return list(self._procs)
 
     def read(self, pid: int) -> Reading:
         proc = self._procs.get(pid)
@@ -194,6 +210,9 @@ class _Procfs(_Psutil):
     def close(self) -> None:
         for key in list(self._fds):
             self.forget(key)
+
+    def _keys(self) -> list[Any]:
+        return list(self._fds) + super()._keys()
 
     def __del__(self) -> None:
         try:
@@ -282,6 +301,31 @@ def _procfs_available() -> bool:
     )
 
 
+_POOL: list[_Psutil] = []  # sources no sampler holds now (see NOTE [ Host sampling cost ])
+
+
+def _take(psutil: Any) -> _Psutil:
+    """A source of this process's kind, kept from an earlier sampler or made now."""
+    kind = _Procfs if _procfs_available() else _Psutil
+    for src in list(_POOL):
+        try:
+            _POOL.remove(src)  # another thread may have taken it meanwhile
+        except ValueError:
+            continue
+        if src.pid == os.getpid() and type(src) is kind:
+            return src
+        src.close()  # a parent's, inherited through fork, or of the other kind
+    return kind(psutil)
+
+
+def _give_back(src: _Psutil) -> None:
+    src.release()
+    if src.pid == os.getpid() and len(_POOL) < 2:
+        _POOL.append(src)
+    else:
+        src.close()
+
+
 class HostSampler(Sampler):
     """Samples host CPU, memory and disk at ``hz`` on thread ``pipeprof-host``.
 
@@ -331,10 +375,10 @@ class HostSampler(Sampler):
         except ImportError:
             self.note = "psutil is not installed, so host CPU is not sampled; pip install psutil."
             return False
-        self._src = _Procfs(psutil) if _procfs_available() else _Psutil(psutil)
+        self._src = _take(psutil)
         self._pid = os.getpid()
         self._procs[self._pid] = _Proc(self._pid, "main")
-        self.cpu_count = psutil.cpu_count() or self.cpu_count
+        self.cpu_count = self._src.cpu_count
         self._last_times = self._src.core_times()
         self._has_iowait = self._src.has_iowait
         self._last_disk = self._src.disk_read_bytes()
@@ -394,7 +438,8 @@ class HostSampler(Sampler):
 
     def _close(self) -> None:
         if self._src is not None:
-            self._src.close()
+            src, self._src = self._src, None
+            _give_back(src)
 
     def _reading(self, pid: int) -> tuple[Value, float] | None:
         """(cpu %, rss MiB) of a process: CPU is NA at its first (priming) reading. None if it
