@@ -25,6 +25,7 @@ import os
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -301,6 +302,13 @@ class Session:
         the samplers' start), ``setup_ns``."""
         with self._counts:
             self.costs[where] = self.costs.get(where, 0) + ns
+
+    def add_costs(self, costs: Iterable[tuple[str, int]]) -> None:
+        """Several of ``add_cost`` at once (one lock: this runs per batch)."""
+        with self._counts:
+            have = self.costs
+            for where, ns in costs:
+                have[where] = have.get(where, 0) + ns
 
     def add(self, track: str, path: str, ns: int, n: int = 1) -> None:
         """Record one timing measured outside a recorder (the pin-memory thread, say)."""

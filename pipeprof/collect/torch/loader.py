@@ -73,6 +73,8 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 #   in a Carrier, with no records, so its wait splits and its worker's busy time counts as a
 #   profiled one's do.
 SAMPLE_MIN_BATCHES = 16
+_AB_PARTS = ("batches", "samples", "ns", "q", "qq")
+_AB_KEYS: dict[str, tuple[str, ...]] = {}  # arm -> its keys in ``costs``, one per part
 
 
 class Carrier:
@@ -651,9 +653,10 @@ class ProfiledLoader:
         if samples <= 0:
             return
         per = cpu_ns // samples  # per-sample CPU of this batch, for the spread between batches
-        for key, value in (("batches", 1), ("samples", samples), ("ns", cpu_ns), ("q", per),
-                           ("qq", per * per)):  # fmt: skip
-            self.session.add_cost(f"{arm}_{key}", value)
+        keys = _AB_KEYS.get(arm)
+        if keys is None:
+            keys = _AB_KEYS[arm] = tuple(f"{arm}_{k}" for k in _AB_PARTS)
+        self.session.add_costs(zip(keys, (1, samples, cpu_ns, per, per * per)))
 
     def _check_fork(self) -> None:
         """h5py handles the workers about to fork would inherit (docs/hdf5.md): in meta."""
@@ -678,6 +681,8 @@ class ProfiledLoader:
         the shared ones (the loop's ``pipeprof.stage`` regions)."""
         mine, first_profile = self._sinks
         for sink in (mine, rec.raw) if first_profile else (mine,):
+            if not any(sink.values()):  # most batches: nothing recorded here (packing costs µs)
+                continue
             payload = rec.drain(sink)
             if payload["events"] or "counts" in payload:
                 self.session.merge(payload)
@@ -716,10 +721,11 @@ class ProfiledLoader:
         payload = carrier.payload
         arm = payload.get("ab")  # NOTE [ Unprofiled batches ], measured in a worker
         unprofiled = arm in ("off", "cold")
+        events = 0
         if not unprofiled:  # an unprofiled batch has no records
             s.merge(payload)
             if payload["track"] != "main":
-                s.add_cost("worker_events", payload["events"])
+                events = payload["events"]
         w = s.worker(payload["track"], payload["pid"])
         ready = payload["end_ns"]
         busy = ready - (payload["first_ns"] or ready)
@@ -727,7 +733,7 @@ class ProfiledLoader:
         w.cpu_ns += payload.get("cpu_ns", 0)
         w.batches += 1
         w.samples += payload["samples"]
-        s.add_cost("pack_ns", payload["cost_ns"])
+        s.add_costs((("pack_ns", payload["cost_ns"]), ("worker_events", events)))
         probe_ns = payload.get("probe_ns")
         if probe_ns is not None and probe_ns < PROBE_CAP_NS:
             s.probe.add(probe_ns)
