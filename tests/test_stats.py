@@ -23,6 +23,18 @@ def test_percentiles_within_three_percent_and_exact_moments():
     assert s.mean_ns == pytest.approx(sum(values) / len(values))
 
 
+@pytest.mark.parametrize("n", [1, 5, 64])  # up to 64: the plain-Python path, not NumPy's
+def test_few_at_once_equal_one_by_one(n):
+    rng = random.Random(n)
+    durs = [rng.randint(-50, 10**9) for _ in range(n)]
+    for items in (None, [rng.choice([1, 3, 32]) for _ in durs]):
+        a = Stat.of_many(durs, items)
+        b = Stat()
+        for d, k in zip(durs, items or [1] * n):
+            b.add(d, k)
+        assert a.to_dict() == b.to_dict() and a.sum_sq == b.sum_sq
+
+
 def test_vectorised_equals_one_by_one_and_round_trips():
     rng = random.Random(2)
     durs = [rng.randint(0, 10**8) for _ in range(3000)]
