@@ -40,6 +40,16 @@ def machine() -> dict[str, Any]:
     }
 
 
+def jpeg160_images(root: str, count: int = 1024) -> None:
+    """The issue's JPEGs (``count`` of 160 x 160 px, ImageFolder layout) in ``root``, made once:
+    a folder that has files already is used as it is."""
+    from pipeprof.demo import make_images
+
+    os.makedirs(root, exist_ok=True)
+    if not any(os.scandir(root)):
+        make_images(root, count=count, size=(160, 160))
+
+
 def jpeg160_dataset(root: str) -> Any:
     """ImageFolder over ``root`` with the issue's augmentation: RandomResizedCrop(128), flip,
     ToTensor, Normalize (the images: ``pipeprof.demo.make_images(root, size=(160, 160))``)."""

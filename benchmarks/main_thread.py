@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import resource
 import statistics
 import time
 from typing import Any
 
+from _common import jpeg160_images
 from overhead import make_loader
 from torch.utils.data import dataloader
 
 import pipeprof
-from pipeprof.demo import make_images
 
 _IN_TORCH = [0, 0]  # CPU ns and faults inside torch's __next__ since the last reset
 
@@ -94,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=14)
     args = ap.parse_args(argv)
-    os.makedirs(args.root, exist_ok=True)
-    if not any(os.scandir(args.root)):
-        make_images(args.root, count=args.images, size=(160, 160))
+    jpeg160_images(args.root, args.images)
     loader = make_loader(args.root, 2, 32)
     dataloader._BaseDataLoaderIter.__next__ = _counting(dataloader._BaseDataLoaderIter.__next__)
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "pipeprof": []}

@@ -297,7 +297,7 @@ def epoch(
     elif variant in ("pipeprof", EVERY_BATCH):
         import pipeprof
 
-        prof = pipeprof.Profiler(stage_every=1 if variant == EVERY_BATCH else 8)
+        prof = pipeprof.Profiler(stage_every=1) if variant == EVERY_BATCH else pipeprof.Profiler()
         with prof:
             out = consume(passes(prof.wrap(loader), epochs), step_s)
             t_loop = clock()

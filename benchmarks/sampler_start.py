@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 from typing import Any
 
+from _common import jpeg160_images
 from overhead import make_loader
 
 import pipeprof
 from pipeprof.collect.samplers import host, nvml
-from pipeprof.demo import make_images
 
 
 def _afresh(psutil: Any) -> Any:
@@ -54,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args(argv)
-    os.makedirs(args.root, exist_ok=True)
-    if not any(os.scandir(args.root)):
-        make_images(args.root, count=args.images, size=(160, 160))
+    jpeg160_images(args.root, args.images)
     loader = make_loader(args.root, 2, 32)
     kept = host._take
     ms: dict[str, list[float]] = {"kept": [], "afresh": []}

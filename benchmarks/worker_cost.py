@@ -42,7 +42,7 @@ from torch.utils.data import default_collate
 from pipeprof.collect.torch import loader as loader_mod
 from pipeprof.collect.torch.dataset import instrument_dataset
 from pipeprof.collect.torch.loader import Collate, MapDataset, set_swaps
-from pipeprof.core.recorder import recorder
+from pipeprof.core.recorder import STAGE_EVERY, recorder
 from pipeprof.demo import make_images
 
 
@@ -110,9 +110,10 @@ def measure(dataset: Any, args: argparse.Namespace) -> int:
         us = sum(best[name]) / samples / 1e3
         print(f"  {name:13s} {us:8.1f} µs   added {us - base:+6.1f} µs ({us / base - 1:+.2%})")
     per = {k: sum(v) / samples / 1e3 for k, v in best.items()}
-    sampled = (per["profiled"] + 7 * per["unprofiled"]) / 8
-    print(f"  one batch in 8 profiled (stage_every=8): added {sampled - base:+.1f} µs a sample "
-          f"({sampled / base - 1:+.2%})")
+    every = STAGE_EVERY
+    sampled = (per["profiled"] + (every - 1) * per["unprofiled"]) / every
+    print(f"  one batch in {every} profiled (stage_every={every}): added {sampled - base:+.1f} µs "
+          f"a sample ({sampled / base - 1:+.2%})")
     return 0
 
 

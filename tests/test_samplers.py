@@ -503,6 +503,8 @@ def test_host_children_there_at_start_are_primed_with_the_main() -> None:
         assert entry["role"] == "child" and entry["cpu_max"] is not None
         assert entry["cpu_max"] > 10 and s.to_dict()["timeline"]["children_cpu"][0] > 10
         s.close()
+        if host_module._procfs_available():  # the source is kept, the running child let go
+            assert f"/proc/{child.pid}/stat" not in _proc_fds()
     finally:
         stop.set()
         child.join(10)

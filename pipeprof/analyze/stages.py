@@ -96,11 +96,11 @@ def recorded_s(session: Session) -> float:
     return sum(st.total_ns for st in outer) / 1e9
 
 
-def unprofiled_samples(session: Session) -> int:
+def unprofiled_samples(session: Session, prefixes: tuple[str, ...] = ("ab", "abw")) -> int:
     """The samples of the batches fetched with the recorder off (NOTE [ Unprofiled batches ] in
-    collect/torch/loader.py), in the training process and in the workers."""
+    collect/torch/loader.py): in the training process (``ab``) and in the workers (``abw``)."""
     c = session.costs
-    return sum(c.get(f"{k}_{arm}_samples", 0) for k in ("ab", "abw") for arm in ("off", "cold"))
+    return sum(c.get(f"{k}_{arm}_samples", 0) for k in prefixes for arm in ("off", "cold"))
 
 
 def _loader_path(path: str) -> bool:
@@ -238,8 +238,7 @@ def unprofiled_ab(session: Session, prefix: str = "ab") -> dict[str, Any] | None
         "stderr_ns": round(math.sqrt(v_on + v_off), 1) if enough else None,
         "batches": [n_on, n_off],
         # with the first batch of a pass (or of a worker), unprofiled but compared with none
-        "unprofiled_samples": c.get(f"{prefix}_off_samples", 0)
-        + c.get(f"{prefix}_cold_samples", 0),
+        "unprofiled_samples": unprofiled_samples(session, (prefix,)),
     }
 
 

@@ -148,11 +148,7 @@ class _Psutil:
 
     def release(self) -> None:
         """Let go of what is kept for the children (another sampler may take this source)."""
-        for pid in [k for k in self._keys() if isinstance(k, int) and k != self._root.pid]:
-            self.forget(pid)
-
-    def _keys(self) -> list[Any]:
-        return list(self._procs)
+        self._procs = {self._root.pid: self._root}
 
     def read(self, pid: int) -> Reading:
         proc = self._procs.get(pid)
@@ -211,8 +207,10 @@ class _Procfs(_Psutil):
         for key in list(self._fds):
             self.forget(key)
 
-    def _keys(self) -> list[Any]:
-        return list(self._fds) + super()._keys()
+    def release(self) -> None:
+        super().release()
+        for pid in [k for k in self._fds if isinstance(k, int) and k != self.pid]:
+            self.forget(pid)
 
     def __del__(self) -> None:
         try:
@@ -307,11 +305,11 @@ _POOL: list[_Psutil] = []  # sources no sampler holds now (see NOTE [ Host sampl
 def _take(psutil: Any) -> _Psutil:
     """A source of this process's kind, kept from an earlier sampler or made now."""
     kind = _Procfs if _procfs_available() else _Psutil
-    for src in list(_POOL):
+    while _POOL:
         try:
-            _POOL.remove(src)  # another thread may have taken it meanwhile
-        except ValueError:
-            continue
+            src = _POOL.pop()  # atomic: another thread may have taken the last one meanwhile
+        except IndexError:
+            break
         if src.pid == os.getpid() and type(src) is kind:
             return src
         src.close()  # a parent's, inherited through fork, or of the other kind
