@@ -203,8 +203,8 @@ class Profiler:
         payload = recorder().drain()
         if payload["events"]:
             s.merge(payload)
-        s.settle()
         s.add_cost("control_ns", time.thread_time_ns() - cpu0)
+        s.settle_counted()
         if self.stream:
             self._save_stream()
 
@@ -584,6 +584,7 @@ def profile(
     finally:
         if nv is not None:
             ranges.uninstall()
+    session.settle_counted()
     session.overhead_ns = measure_overhead()  # after the run: calibrating is not its time
     if session.batches == 0 and not session.interrupted:
         raise ValueError(

@@ -329,3 +329,16 @@ class Sometimes(Dataset):
         if self.rng.random() < self.p:
             time.sleep(self.ms / 1e3)
         return torch.zeros(3), i
+
+
+class SaysItsProbeBase(Dataset):
+    """Each sample is the probe base its worker holds when it fetches (NOTE [ In-situ region
+    cost ]): the training process's, handed over by the profiled loader's worker init."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from pipeprof.core import recorder
+
+        return torch.tensor(list(recorder._PROBE_BASE) or [-1])

@@ -306,6 +306,26 @@ class Tiny(Dataset):
         return torch.full((2,), float(i))
 
 
+def test_records_are_folded_once_when_the_profile_stops_not_at_each_pass(monkeypatch):
+    """NOTE [ Deferred aggregation ]: a pass's end leaves its records queued (a fold has a fixed
+    cost, paid once); the profile's stop folds them all, its CPU counted as pipeprof's own."""
+    from pipeprof.core.session import Session
+
+    folds = []
+    real_fold = Session._fold
+    monkeypatch.setattr(Session, "_fold", lambda s, p: (folds.append(len(p)), real_fold(s, p)))
+    prof = pipeprof.Profiler(sample_hz=0, stage_every=1)
+    loader = DataLoader(Tiny(), batch_size=400)
+    with prof:
+        for _ in range(2):
+            for _ in prof.wrap(loader):
+                pass
+        assert folds == [] and prof.session.pending_events == 2 * (4000 + 10)  # load, collate
+    assert len(folds) == 1 and prof.session.pending_events == 0
+    assert prof.session.costs["settle_ns"] > 0
+    assert prof.report()["stages"]["load"]["count"] == 2 * 4000
+
+
 def test_records_are_folded_in_the_background_and_stay_exact(monkeypatch):
     """NOTE [ Deferred aggregation ]: once enough records are pending, a background thread folds
     them in while the loop runs (the queue stays short), measures its own CPU time, and every

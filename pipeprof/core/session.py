@@ -9,12 +9,14 @@ NOTE [ Deferred aggregation ]
 A worker's records reach the main process with each batch, packed as bytes (``recorder.pack``):
 unpickling them inside the loop's ``next()`` is one copy, and ``merge`` only queues them. They
 are folded into ``stages`` and ``events`` in bulk, vectorised, by ``settle``: when a report or a
-file is made (``to_dict``, ``analyze``), at the end of each pass over a loader, and, in long runs,
-on a short-lived background thread once ``SETTLE_EVENTS`` records are pending, a chunk at a time
-so the loop's thread never waits long for the GIL. Their spans stay packed until something reads
-``spans`` through ``settled()`` (a report, a file, a trace). Read ``stages`` and ``spans`` through
-``settled()``. The settling thread's CPU time is pipeprof's own cost and
-lands in ``costs["settle_ns"]``.
+file is made (``to_dict``, ``analyze``), when a profile stops (``settle_counted``), and, in long
+runs, on a short-lived background thread once ``SETTLE_EVENTS`` records are pending, a chunk at a
+time so the loop's thread never waits long for the GIL. Not at the end of each pass over a
+loader: a fold has a fixed cost (NumPy, per stage and process: about 0.8 ms an epoch on the JPEG
+pipeline of docs/overhead.md, for a few thousand records), which one fold at the end pays once.
+Their spans stay packed until something reads ``spans`` through ``settled()`` (a report, a file,
+a trace). Read ``stages`` and ``spans`` through ``settled()``. The folds' CPU time at a profile's
+stop and on the settling thread is pipeprof's own cost and lands in ``costs["settle_ns"]``.
 """
 
 from __future__ import annotations
@@ -270,6 +272,13 @@ class Session:
                 break
             self._span_count -= oldest
             self._span_chunks.popleft()
+
+    def settle_counted(self) -> None:
+        """``settle`` where a profile's collection ends, its CPU counted as pipeprof's own
+        (``costs["settle_ns"]``; CPU: waiting for a background fold is not a cost twice)."""
+        t0 = time.thread_time_ns()
+        self.settle()
+        self.add_cost("settle_ns", time.thread_time_ns() - t0)
 
     def _settle_behind(self) -> None:
         t0 = time.thread_time_ns()

@@ -27,6 +27,7 @@ batches of an epoch, until every worker has delivered one, are start-up and kept
 
 from __future__ import annotations
 
+import functools
 import inspect
 import multiprocessing
 import os
@@ -46,7 +47,9 @@ from pipeprof.core.recorder import (
     STAGE_EVERY,
     clock,
     probe,
+    probe_base,
     recorder,
+    set_probe_base,
     timed_call1,
 )
 from pipeprof.core.session import Session
@@ -345,18 +348,26 @@ class WorkerInit:
     """Readies a worker's recorder, then runs the user's ``worker_init_fn``. With ``h5`` (the
     main process had imported h5py) h5py reads are timed in the worker too (NOTE [ Timing h5py
     reads ] in collect/hdf5.py); with ``nvtx`` its stages are NVTX ranges too (NOTE [ NVTX
-    ranges ] in collect/ranges.py)."""
+    ranges ] in collect/ranges.py). ``probe_base``: the training process's ``probe_base()``,
+    which the worker takes instead of measuring its own (spawned workers inherit nothing)."""
 
     def __init__(
-        self, fn: Callable[[int], Any] | None, h5: bool = False, nvtx: bool = False
+        self,
+        fn: Callable[[int], Any] | None,
+        h5: bool = False,
+        nvtx: bool = False,
+        probe_base: int | None = None,
     ) -> None:
         self.fn = fn
         self.h5 = h5
         self.nvtx = nvtx
+        self.probe_base = probe_base
 
     def __call__(self, worker_id: int) -> None:
         rec = recorder()
         rec.reset(f"worker{worker_id}")
+        if self.probe_base is not None:
+            set_probe_base(self.probe_base)
         rec.enabled = True
         _WORKER_AB[0] = 0  # NOTE [ Unprofiled batches ]: a fork inherits the parent's
         _ARM[0] = _OFF[0] = None
@@ -388,6 +399,12 @@ _LOADER_ARGS = (
 )
 
 
+@functools.cache
+def _loader_params() -> frozenset[str]:
+    """What this torch's ``DataLoader()`` takes (asked once: a loader is rebuilt every epoch)."""
+    return frozenset(inspect.signature(DataLoader.__init__).parameters)
+
+
 def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, list[str]]:
     """A DataLoader equal to ``loader`` but with timed dataset, collate and worker init
     (``nvtx``: the workers emit NVTX ranges too)."""
@@ -404,7 +421,7 @@ def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, li
             kwargs = {"batch_sampler": loader.batch_sampler}
         else:
             kwargs = {"sampler": loader.sampler, "batch_size": None}
-    accepted = inspect.signature(DataLoader.__init__).parameters
+    accepted = _loader_params()
     for name in _LOADER_ARGS:
         if name in accepted and hasattr(loader, name):
             kwargs[name] = getattr(loader, name)
@@ -413,7 +430,8 @@ def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, li
         kwargs.pop("persistent_workers", None)
     per_sample = loader.batch_size is None and loader.batch_sampler is None
     kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample)
-    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn, "h5py" in sys.modules, nvtx)
+    base = probe_base() if kwargs.get("num_workers") else None  # measured here, once a process
+    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn, "h5py" in sys.modules, nvtx, base)
     return DataLoader(wrapped, **kwargs), notes
 
 
@@ -688,8 +706,9 @@ class ProfiledLoader:
                 self.session.merge(payload)
 
     def flush(self) -> None:
-        """Bring in what the main process recorded (transfers, the user's own stages) and fold
-        the queued records into the session (NOTE [ Deferred aggregation ] in core/session.py)."""
+        """Bring in what the main process recorded (transfers, the user's own stages). The
+        queued records are folded when the profile stops, not at each pass's end (NOTE
+        [ Deferred aggregation ] in core/session.py)."""
         rec = recorder()
         if self.h2d is not None:
             before = rec.enter(self._sinks[0])
@@ -698,9 +717,6 @@ class ProfiledLoader:
             finally:
                 rec.leave(before)
         self._merge_main(rec)
-        t0 = time.thread_time_ns()  # CPU: waiting for a background fold is not a cost twice
-        self.session.settle()
-        self.session.add_cost("settle_ns", time.thread_time_ns() - t0)
 
     def _unpack(
         self,
