@@ -167,5 +167,7 @@ def test_profile_reads_worker_cpu_so_waiting_stages_scale_past_the_cores():
         return next(r["samples_per_s"] for r in report["what_if"] if r.get("workers") == k)
 
     cores = os.cpu_count() or 1
-    assert at(waiting, 8) > 2.5 * at(waiting, 2)
+    # 4x ideally; the per-batch floors take some of it (3.0-3.7x here, 2.4x on a loaded machine);
+    # capped at the cores, as a CPU-bound stage is, it would be 1x
+    assert at(waiting, 8) > 2.0 * at(waiting, 2)
     assert at(busy, 8) <= 1.2 * at(busy, cores)
