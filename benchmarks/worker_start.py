@@ -19,6 +19,7 @@ Prints medians over the workers and the per-round differences.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import resource
 import statistics
 import time
@@ -30,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import pipeprof
 
-_RESULTS: list[tuple[int, int]] = []  # (CPU ns, faults) of each worker, sent back through a pipe
+_PIPE: list[Any] = []  # each worker sends its (CPU ns, faults) back through this pipe
 _ORIGINAL = torch_worker._worker_loop
 
 
@@ -56,12 +57,7 @@ def _measured_worker_loop(*args: Any, **kwargs: Any) -> Any:
         _PIPE[1].send((cpu, faults))
 
 
-_PIPE: list[Any] = []
-
-
 def epoch(batches: int, profiled: bool) -> list[tuple[int, int]]:
-    import multiprocessing
-
     recv, send = multiprocessing.get_context("fork").Pipe(duplex=False)
     _PIPE[:] = [recv, send]
     loader = DataLoader(

@@ -273,19 +273,20 @@ class Session:
             self._span_count -= oldest
             self._span_chunks.popleft()
 
-    def settle_counted(self) -> None:
-        """``settle`` where a profile's collection ends, its CPU counted as pipeprof's own
-        (``costs["settle_ns"]``; CPU: waiting for a background fold is not a cost twice)."""
-        t0 = time.thread_time_ns()
-        self.settle()
-        self.add_cost("settle_ns", time.thread_time_ns() - t0)
-
-    def _settle_behind(self) -> None:
+    def settle_counted(self, chunk: int | None = None) -> None:
+        """``settle``, its CPU counted as pipeprof's own (``costs["settle_ns"]``; CPU: waiting for
+        a background fold is not a cost twice): where a profile stops, and on the settling
+        thread."""
         t0 = time.thread_time_ns()
         try:
-            self.settle(chunk=SETTLE_CHUNK)
+            self.settle(chunk)
         finally:
             self.add_cost("settle_ns", time.thread_time_ns() - t0)
+
+    def _settle_behind(self) -> None:
+        try:
+            self.settle_counted(chunk=SETTLE_CHUNK)
+        finally:
             self._settler = None
 
     def settled(self) -> Any:
@@ -309,8 +310,7 @@ class Session:
         """pipeprof's own cost, measured, in ``costs``: ``main_ns`` (bookkeeping inside
         ``next()``), ``pack_ns``, ``settle_ns``, ``sampler_ns`` (of which ``sampler_first_ns``:
         the samplers' start), ``setup_ns``."""
-        with self._counts:
-            self.costs[where] = self.costs.get(where, 0) + ns
+        self.add_costs(((where, ns),))
 
     def add_costs(self, costs: Iterable[tuple[str, int]]) -> None:
         """Several of ``add_cost`` at once (one lock: this runs per batch)."""
