@@ -411,6 +411,66 @@ def test_cpu_training_that_fills_the_cores_is_not_promised_the_loaders_rate():
     assert plain[1] < 1.1 * plain[0], plain  # what the report said: no real gain
 
 
+def cpu_step(ms: float) -> None:
+    """A training step of ``ms`` of this thread's CPU (one core, as a small model's is): under
+    contention it takes longer, as real compute does."""
+    end = time.thread_time_ns() + int(ms * 1e6)
+    while time.thread_time_ns() < end:
+        pass
+
+
+def _one_core_training(workers: int, profile: bool, samples: int = 160):
+    """CPU-bound loading (7.5 ms of torch CPU a sample, batches of 4) and a 10 ms CPU step on
+    one core: its report, or its steady samples/s run plain, from the batch after the workers'
+    first prefetched ones (2 each: made while the loop had not started, they would lift a short
+    run's rate past what the cores give)."""
+    loader = DataLoader(CostDataset(samples, transform=TorchWork(7.5)), batch_size=4,
+                        num_workers=workers)  # fmt: skip
+    if profile:
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            for _ in prof.wrap(loader):
+                with prof.region("Forward"):
+                    cpu_step(10.0)
+        return prof.report().to_dict()
+    arrivals = []
+    for _ in loader:
+        arrivals.append(clock())
+        cpu_step(10.0)
+    steady = arrivals[2 * workers :]
+    return 4 * (len(steady) - 1) / ((steady[-1] - steady[0]) / 1e9)
+
+
+@pytest.mark.timing
+def test_cpu_training_on_one_core_is_promised_what_the_spare_core_gives():
+    """A CPU step on one of 2 cores, starved by CPU-bound workers: the pipeline's CPU that does
+    not fit on the spare core delays the step (NOTE [ CPU training shares the cores ]). The
+    step's time solves ``s = floor + max(0, cpu - spare * s)``; iterated, that equation swung
+    between two values and stopped at its start, the step as if loading cost it nothing: it
+    promised 6 workers about 217 samples/s where the cores give at most 200, and 6 workers ran
+    at 188 (the README's demo: 386 promised, 300 measured, slower than before). No worker count
+    is promised past what the cores can do, and the fix, followed, delivers at least 90 % of
+    what it promises (3 workers: 184-187 promised, 187 measured over 160 batches)."""
+    report = _one_core_training(1, profile=True)
+    assert report["verdict"]["kind"] == "input-bound", report["verdict"]
+    f = findings(report)["workers-needed"]
+    ev = f["evidence"]
+    assert ev["training_cores"] == 1, ev
+    need, promised = ev["workers_needed"], ev["predicted_samples_per_s"]
+    cores = os.cpu_count() or 1
+    # the cores' bound: the loading's CPU a batch (7.5 ms x 4) and the step's (10 ms) share them
+    assert promised <= 1.02 * 4e3 * cores / (4 * 7.5 + 10.0), ev
+    for row in (w for w in report["what_if"] if w["kind"] == "workers"):
+        assert row["samples_per_s"] <= 1.02 * 4e3 * cores / (4 * 7.5 + 10.0), row
+        assert (row.get("measured_samples_per_s") is not None) == (row["workers"] == 1), row
+    if f["severity"] == "info":  # the model saw no gain worth a fix: nothing promised
+        assert "would not speed this loop up" in f["message"]
+        return
+    assert f["fix"] == f"DataLoader(num_workers={need})"
+    followed = _one_core_training(need, profile=False, samples=640)
+    assert followed >= 0.9 * promised, (followed, ev)
+
+
 @pytest.mark.timing
 def test_a_compute_bound_loop_needs_no_workers_and_a_loader_alone_no_loop_what_ifs():
     # in the main process: a batch from a worker costs about 2 ms to hand over (shared-memory

@@ -245,3 +245,32 @@ def test_keras_imported_before_tensorflow(tmp_path):
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout == "fitted\n"
     assert load(tmp_path / "run.json")["meta"]["run_loader"]["label"] == "fit@keras_first.py:11"
+
+
+@pytest.mark.timing
+def test_the_readme_demo_is_promised_no_gain_it_does_not_get(tmp_path):
+    """The README's demo script, run longer (2,048 JPEGs, 2 workers): on this machine's 2 cores
+    its CPU training step and its decoding fill them, and more workers ran it slower (2: 312-329
+    samples/s; 3: 297-299; 4: 299; 5: 300-303), where the report had said "with 5 workers the
+    loop would run at about 386 samples/s (now 329)", and then, its model's own rate for 2
+    workers being 258, "3 workers: about 304". A worker count is offered only for a gain over
+    what the loop measured, and followed it delivers at least 90 % of its promise."""
+    demo = str(ROOT / "examples" / "train.py")
+    ran = pipeprof_run(tmp_path, demo, "--images", "2048", "--workers", "2")
+    assert ran.returncode == 0, ran.stderr
+    report = load(tmp_path / "run.json")
+    rows = {w["workers"]: w for w in report["what_if"] if w["kind"] == "workers"}
+    measured = rows[2]["measured_samples_per_s"]  # beside the model's figure for them
+    assert measured and rows[2]["samples_per_s"]
+    needed = [f for f in report["findings"] if f["id"] == "workers-needed"]
+    if not needed or needed[0]["severity"] != "critical":
+        return  # nothing offered (the 2-core case): nothing to follow
+    ev = needed[0]["evidence"]
+    assert ev["predicted_samples_per_s"] >= 1.1 * measured, ev
+    again = pipeprof_run(tmp_path, demo, "--images", "2048", "--workers",
+                         str(ev["workers_needed"]))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    followed = load(tmp_path / "run.json")
+    steady = followed["loop"]["steady"]
+    rate = steady["steps"] * report["meta"]["batch_size"] / steady["wall_s"]
+    assert rate >= 0.9 * ev["predicted_samples_per_s"], (rate, ev)

@@ -150,6 +150,14 @@ def loop_floor(loop: dict[str, Any], samples_per_step: float) -> dict[str, float
     return {**out, "step_ms": round(total, 6), "samples_per_s": samples_per_step * 1e3 / total}
 
 
+def measured_rate(loop: dict[str, Any], samples_per_step: float) -> float | None:
+    """The loop's samples/s as it ran, in the view the verdict reads (its steady steps, else
+    all of them): the steps' samples over their wall time."""
+    view = (loop.get("steady") or {}) if loop.get("view") == "steady" else loop
+    steps, wall = view.get("steps") or 0, view.get("wall_s") or 0.0
+    return steps * samples_per_step / wall if steps and wall > 0 else None
+
+
 def half_width(num: list[int], den: list[int], blocks: int = SPREAD_BLOCKS) -> float | None:
     """The 95 % half-width of where a rerun's ``sum(num) / sum(den)`` lands, by batch means
     (NOTE [ Run-to-run spread ]); None below two blocks of two steps."""

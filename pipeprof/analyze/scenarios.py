@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipeprof.analyze.compare import other_load
-from pipeprof.analyze.loop import loop_floor
+from pipeprof.analyze.loop import loop_floor, measured_rate
 from pipeprof.analyze.whatif import (
     Model,
     StageCost,
@@ -109,10 +109,14 @@ def loop_rate(
         return b * 1e3 / max(period, floor["step_ms"])
     cpu = model.batch_ms()[1] + model.main_ms  # the pipeline's CPU ms per batch
     spare_cores = max(0.0, model.cores - occupied - others)
-    step = max(period, floor["step_ms"])
-    for _ in range(50):  # what does not fit beside the step's threads delays the step
-        step = max(period, floor["step_ms"] + max(0.0, cpu - spare_cores * step))
-    return b * 1e3 / step
+    # What does not fit beside the step's threads delays the step: its time s solves
+    # s = floor + max(0, cpu - spare * s). The right side falls as s grows, so there is one
+    # solution, in closed form. (Iterating the equation does not find it: with one spare core
+    # it swings between two values for ever, with more it swings wider.)
+    step = floor["step_ms"]
+    if cpu > spare_cores * step:
+        step = (step + cpu) / (1.0 + spare_cores)
+    return b * 1e3 / max(period, step)
 
 
 def _worker_cpu_share(report: dict[str, Any]) -> float | None:
@@ -147,6 +151,7 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
     floor = loop_floor(report.get("loop") or {}, model.batch_size)
     occupied = training_cores(report, cores)
     others = (other_load(report) or {}).get("other_cores", 0.0)
+    measured = measured_rate(report["loop"], model.batch_size) if floor else None
     out: list[dict[str, Any]] = []
     for k in sorted({1, 2, 4, 8, cores, max(1, cores - 1), max(1, n)}):
         res = solve(model, k)
@@ -156,6 +161,8 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
             row["loader_samples_per_s"] = row["samples_per_s"]
             row["samples_per_s"] = round(loop_rate(model, floor, k, occupied, others), 1)
             row["training_cores"] = occupied
+            if k == n and measured:  # the model's figure beside what this run did with them
+                row["measured_samples_per_s"] = round(measured, 1)
         out.append(row)
     top, top_k = ceiling(model)
     out.append({"kind": "ceiling", "workers": top_k, "samples_per_s": _round(top),

@@ -161,7 +161,10 @@ def what_if_table(data: dict[str, Any]) -> str:
         return ""
     loop = "loader_samples_per_s" in rows[0]  # a training loop: its rate, and the loader's
     body = "".join(
-        f"<tr><td>{w['workers']}</td><td>{num(w.get('samples_per_s'))}</td>"
+        f"<tr><td>{w['workers']}</td><td>{num(w.get('samples_per_s'))}"
+        + (f" (measured {num(w['measured_samples_per_s'])})"
+           if w.get("measured_samples_per_s") else "")
+        + "</td>"
         + (f"<td>{num(w.get('loader_samples_per_s'))}</td>" if loop else "")
         + f"<td>{escape(str(w.get('basis', '')))}</td></tr>"
         for w in rows

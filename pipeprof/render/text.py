@@ -316,6 +316,12 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
     basis = "estimated" if measured else "estimated as if every stage were CPU-bound"
     if "loader_samples_per_s" not in rows[0]:
         return Text(f"what if (workers → samples/s, {basis}): {parts}", style="dim")
+    parts = ", ".join(
+        f"{w['workers']} → {num(w.get('samples_per_s'))}"
+        + (f" (measured {num(w['measured_samples_per_s'])})" if w.get("measured_samples_per_s")
+           else "")
+        for w in rows
+    )  # fmt: skip
     alone = ", ".join(f"{w['workers']} → {num(w.get('loader_samples_per_s'))}" for w in rows)
     return Text(
         f"what if (workers → the loop's samples/s, {basis}): {parts}; the loader alone: {alone}",
