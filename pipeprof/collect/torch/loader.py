@@ -31,6 +31,7 @@ import functools
 import inspect
 import multiprocessing
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -505,6 +506,7 @@ class ProfiledLoader:
         self.limit = limit  # the batches a pass will take, where known beforehand
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self._swapped: list[Any] = []  # the stand-ins an unprofiled batch set aside
+        self._starts: list[float] = []  # ms of ``iter()`` per worker it started, each pass
         self.session = session
         session.notes.extend(notes)
         self.device = check_device(device)
@@ -547,6 +549,7 @@ class ProfiledLoader:
                 it = iter(self.loader)
             finally:
                 rec.leave(before)
+            self._count_start(clock() - t_iter, persistent)
             span = WAIT_SPAN.format(type(it).__name__)
             nv = self.ranges
             first = True
@@ -622,6 +625,16 @@ class ProfiledLoader:
                 rec.end()
                 if h5:
                     hdf5.uninstall()
+
+    def _count_start(self, ns: int, persistent: Any) -> None:
+        """``iter()`` forks the workers one after the other before the first batch: its time
+        per worker (``meta["worker_start_ms"]``, the median over the passes that started them)
+        is what each more worker adds to an epoch's start-up (``workers-needed``)."""
+        n = self.loader.num_workers
+        if not n or self.opaque or (persistent and self.passes > 1):
+            return
+        self._starts.append(ns / 1e6 / n)
+        self.session.meta["worker_start_ms"] = round(statistics.median(self._starts), 3)
 
     def _ab_eligible(self) -> bool:
         """NOTE [ Unprofiled batches ]: a pass made in this thread, long enough to sample."""
