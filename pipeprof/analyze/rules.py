@@ -328,7 +328,7 @@ def with_startup(
     after the other, every epoch unless they persist), into ``evidence``
     (``predicted_run_samples_per_s``, None where that start-up is under ``STARTUP_SHARE`` of
     the predicted run), and the words for the message. The share is of the run as it will be:
-    of the run as it was, a start-up that the faster run makes a third of its time went
+    of the run as it was, a start-up that the faster run makes a quarter of its time went
     unpriced (the held-out framework loop: 5-6 workers promised 2,972-3,419 samples/s,
     delivered 0.74-0.79 of it). On that loop (2 epochs of 32 batches, workers started again
     each epoch) the steady rate alone was met at 0.74-1.03 over the run (docs/findings.md)."""

@@ -311,17 +311,16 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
     rows = [w for w in data.get("what_if") or [] if w.get("kind") == "workers"]
     if not rows:
         return None
-    parts = ", ".join(f"{w['workers']} → {num(w.get('samples_per_s'))}" for w in rows)
+    parts = ", ".join(
+        f"{w['workers']} → {num(w.get('samples_per_s'))}"
+        + (f" (measured {num(w['measured_samples_per_s'])})" if w.get("measured_samples_per_s")
+           else "")  # a training loop's row for the workers it ran with
+        for w in rows
+    )  # fmt: skip
     measured = "CPU share" in (rows[0].get("basis") or "")
     basis = "estimated" if measured else "estimated as if every stage were CPU-bound"
     if "loader_samples_per_s" not in rows[0]:
         return Text(f"what if (workers → samples/s, {basis}): {parts}", style="dim")
-    parts = ", ".join(
-        f"{w['workers']} → {num(w.get('samples_per_s'))}"
-        + (f" (measured {num(w['measured_samples_per_s'])})" if w.get("measured_samples_per_s")
-           else "")
-        for w in rows
-    )  # fmt: skip
     alone = ", ".join(f"{w['workers']} → {num(w.get('loader_samples_per_s'))}" for w in rows)
     return Text(
         f"what if (workers → the loop's samples/s, {basis}): {parts}; the loader alone: {alone}",

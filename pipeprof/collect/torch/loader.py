@@ -549,7 +549,7 @@ class ProfiledLoader:
                 it = iter(self.loader)
             finally:
                 rec.leave(before)
-            self._count_start(clock() - t_iter, persistent)
+            started_ns = clock() - t_iter  # the workers forked: noted at the first batch
             span = WAIT_SPAN.format(type(it).__name__)
             nv = self.ranges
             first = True
@@ -592,6 +592,8 @@ class ProfiledLoader:
                     n0 = s.samples
                     n = _COLLATED[0] if off else None
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span, n)
+                    if first:  # in this batch's bookkeeping, not in its wait
+                        self._count_start(started_ns, persistent)
                     first = False
                     if measure or off:
                         arm = ("ab_off" if off else "ab_on") if measure else "ab_cold"
