@@ -315,7 +315,7 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     return finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
 
 
-STARTUP_SHARE = 0.05  # start-up waits from this share of the loop's time are priced in
+STARTUP_SHARE = 0.05  # a start-up from this share of the predicted run is priced in
 
 
 def with_startup(
