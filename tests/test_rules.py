@@ -298,23 +298,29 @@ def test_following_workers_needed_delivers_what_it_promised():
     assert max(rates) >= 0.9 * promised, (rates, promised, f["evidence"])
 
 
-def _two_epochs(workers: int, profiled: bool) -> tuple[float, Any]:
-    """Two epochs of storage-bound reads (4 ms a sample, batches of 8), a 10 ms step, workers
-    that take 150 ms to start, started again each epoch: samples/s over the run as the loop's
-    rate counts it (each epoch from its first request to its last step's end; the workers'
-    shutdown after the last batch is not the loop's), and the report."""
-    loader = DataLoader(CostDataset(96, load_ms=4.0), batch_size=8, num_workers=workers,
-                        worker_init_fn=InitSleep(150.0))  # fmt: skip
+def _two_epochs_of(loader, step_s: float, profiled: bool) -> tuple[float, Any]:
+    """Two epochs of ``loader`` with a ``step_s`` step (a sleep): samples/s over the run as the
+    loop's rate counts it (each epoch from its first request to its last step's end; the
+    workers' shutdown after the last batch is not the loop's), and the report."""
     prof = pipeprof.Profiler(sample_hz=0)
-    spent = 0
+    spent = samples = 0
     with prof if profiled else contextlib.nullcontext():
         for _ in range(2):
             t0 = clock()
-            for _ in prof.wrap(loader) if profiled else loader:
-                time.sleep(0.010)
+            for x, _ in prof.wrap(loader) if profiled else loader:
+                time.sleep(step_s)
+                samples += len(x)
                 t_end = clock()
             spent += t_end - t0
-    return 2 * 96 / (spent / 1e9), prof.report().to_dict() if profiled else None
+    return samples / (spent / 1e9), prof.report().to_dict() if profiled else None
+
+
+def _two_epochs(workers: int, profiled: bool) -> tuple[float, Any]:
+    """Storage-bound reads (4 ms a sample, batches of 8), a 10 ms step, workers that take
+    150 ms to start, started again each epoch (``_two_epochs_of``)."""
+    loader = DataLoader(CostDataset(96, load_ms=4.0), batch_size=8, num_workers=workers,
+                        worker_init_fn=InitSleep(150.0))  # fmt: skip
+    return _two_epochs_of(loader, 0.010, profiled)
 
 
 @pytest.mark.timing
@@ -413,19 +419,9 @@ def test_cpu_training_that_fills_the_cores_is_not_promised_the_loaders_rate():
 
 def _storage_epochs(workers: int, profiled: bool) -> tuple[float, Any]:
     """The held-out framework loop's shape: reads that wait 1.5 ms a sample, batches of 32, a
-    7 ms step, 2 epochs of 48 batches, workers started again each epoch: samples/s over the
-    run as the loop's rate counts it, and the report."""
+    7 ms step, 2 epochs of 48 batches, workers started again each epoch (``_two_epochs_of``)."""
     loader = DataLoader(CostDataset(1536, load_ms=1.5), batch_size=32, num_workers=workers)
-    prof = pipeprof.Profiler(sample_hz=0)
-    spent = 0
-    with prof if profiled else contextlib.nullcontext():
-        for _ in range(2):
-            t0 = clock()
-            for _ in prof.wrap(loader) if profiled else loader:
-                time.sleep(0.007)
-                t_end = clock()
-            spent += t_end - t0
-    return 2 * 1536 / (spent / 1e9), prof.report().to_dict() if profiled else None
+    return _two_epochs_of(loader, 0.007, profiled)
 
 
 @pytest.mark.timing
