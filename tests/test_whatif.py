@@ -2,10 +2,11 @@
 
 import math
 import os
+import time
 
 import pytest
 from pipelines import CostDataset, Scale
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 from torchvision import transforms
 
 import pipeprof
@@ -22,6 +23,7 @@ from pipeprof.analyze.whatif import (
     throughput,
     workers_for,
 )
+from pipeprof.core.recorder import clock
 
 
 def cpu(ms, cores=2, **kw):
@@ -171,3 +173,32 @@ def test_profile_reads_worker_cpu_so_waiting_stages_scale_past_the_cores():
     # capped at the cores, as a CPU-bound stage is, it would be 1x
     assert at(waiting, 8) > 2.0 * at(waiting, 2)
     assert at(busy, 8) <= 1.2 * at(busy, cores)
+
+
+class WaitingCollate:
+    """A collate that waits 20 ms (a write to storage, say), then collates: wall, not CPU."""
+
+    def __call__(self, samples):
+        time.sleep(0.020)
+        return default_collate(samples)
+
+
+@pytest.mark.timing
+def test_a_waiting_collate_is_not_counted_as_cpu():
+    """Collate is a stage of the workers' busy time like the others: it gets their measured CPU
+    share. Counted whole, this collate's 20 ms of waiting took 20 ms of a core a batch in the
+    model, which then capped 8 workers at the 2 cores' CPU (about 1.4x the rate of 2) where the
+    sleeps let them scale nearly 4x, as a real run with 8 does."""
+    def loader(workers: int, samples: int = 64) -> DataLoader:
+        return DataLoader(CostDataset(samples, load_ms=2.0), batch_size=4, num_workers=workers,
+                          collate_fn=WaitingCollate())  # fmt: skip
+
+    report = pipeprof.profile(loader(2))
+    rows = {r["workers"]: r["samples_per_s"] for r in report["what_if"] if r["kind"] == "workers"}
+    assert rows[8] > 2.5 * rows[2], rows
+
+    def measured(workers: int) -> float:
+        arrivals = [clock() for _ in loader(workers, 256)][2 * workers :]  # past the prefetched
+        return 4 * (len(arrivals) - 1) / ((arrivals[-1] - arrivals[0]) / 1e9)
+
+    assert measured(8) > 2.5 * measured(2)  # the scaling the model now gives is real
