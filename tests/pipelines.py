@@ -127,6 +127,27 @@ class TellsItsTransform(CostDataset):
         return x, int(type(self.transform) is Scale)
 
 
+class Albumented:
+    """A transform called by keyword, albumentations' way: ``t(image=x, mask=m)`` -> a dict."""
+
+    def __call__(self, *, image, mask):
+        return {"image": image * 2 + torch.rand(image.shape), "mask": mask + 1}
+
+
+class KeywordDataset(Dataset):
+    """Calls its one transform with keywords only (``Albumented``), as albumentations code does."""
+
+    def __init__(self, n: int = 16) -> None:
+        self.n, self.transform = n, Albumented()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        out = self.transform(image=torch.full((3,), float(i)), mask=torch.zeros(2) + i)
+        return out["image"], out["mask"]
+
+
 class ItemsDataset(CostDataset):
     """Has ``__getitems__``: fetches a whole batch in one call."""
 

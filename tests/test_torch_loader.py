@@ -13,6 +13,7 @@ from pipelines import (
     CostDataset,
     CostIterable,
     EvenFirst,
+    KeywordDataset,
     ItemsDataset,
     Pairs,
     SaysItsProbeBase,
@@ -352,6 +353,18 @@ def test_sequential_and_list_transforms():
     dup = transforms.Compose([Scale(0.0), Scale(0.0)])
     stages = pipeprof.profile(DataLoader(CostDataset(8, transform=dup), batch_size=4))["stages"]
     assert stages["transform/Scale"]["count"] == 8 and stages["transform/Scale#2"]["count"] == 8
+
+
+@pytest.mark.parametrize("workers,ctx", [(0, None), (2, "fork"), (2, "spawn")])
+def test_a_transform_called_by_keyword_is_timed_and_gives_what_it_gives(workers, ctx):
+    # a lone transform's stand-in is a partial of the hot path, which takes one positional
+    # argument: a call by keyword (albumentations' ``t(image=x)``) goes the general way
+    loader = DataLoader(
+        KeywordDataset(32), batch_size=4, num_workers=workers, multiprocessing_context=ctx
+    )
+    plain, profiled = batches_of(loader, profiled=False), batches_of(loader, profiled=True)
+    assert len(plain) == 8 and all(same(a, b) for a, b in zip(plain, profiled))
+    assert pipeprof.profile(loader)["stages"]["transform/Albumented"]["count"] == 32
 
 
 class EpochDataset(torch.utils.data.Dataset):

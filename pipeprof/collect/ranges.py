@@ -37,7 +37,16 @@ from typing import Any
 
 from pipeprof.collect.timer import Timer
 from pipeprof.core import recorder as _rec
-from pipeprof.core.recorder import _CHILD, Recorder, _child, _recorder, clock, stage
+from pipeprof.core.recorder import (
+    _CHILD,
+    _ONE,
+    Recorder,
+    _child,
+    _recorder,
+    clock,
+    stage,
+    timed_call,
+)
 
 DOMAIN = "pipeprof"
 FORCE_ENV = "PIPEPROF_NVTX_FORCE"
@@ -231,8 +240,11 @@ def _swap(ranges: Ranges | None) -> None:
 # ---- the variants: the originals in core/recorder.py plus a range (keep them in step) --------
 
 
-def _timed_call1(path: str, fn: Any, x: Any) -> Any:
-    """``core.recorder.timed_call1`` with an NVTX range around the timed call."""
+def _timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any) -> Any:
+    """``core.recorder.timed_call1`` with an NVTX range around the timed call (its code runs
+    as timed_call1's, with core/recorder.py's globals: the names here must be the same)."""
+    if args or kwargs or x is _ONE:
+        return timed_call(path, fn, *(() if x is _ONE else (x,)), *args, **kwargs)
     rec = _recorder
     if not rec.enabled:
         return fn(x)

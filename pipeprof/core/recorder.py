@@ -272,6 +272,7 @@ def aggregate(packed: list[tuple[bytes, int]]) -> tuple[Stat, Any, Any]:
 
 
 _recorder = Recorder()
+_ONE: Any = object()  # timed_call1 called with no positional argument for ``fn``
 
 
 def recorder() -> Recorder:
@@ -345,10 +346,13 @@ class _Call:
         return self.fn(*self.args, **self.kwargs)
 
 
-def timed_call1(path: str, fn: Any, x: Any) -> Any:
+def timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any) -> Any:
     """``fn(x)`` timed as the absolute stage ``path``: the hot path of every transform, ``load``
     and ``collate`` (about 0.4 µs a region here, docs/overhead.md). ``Recorder.open`` and
-    ``close(detach=True)``, inlined (NOTE [ Stage paths and self time ])."""
+    ``close(detach=True)``, inlined (NOTE [ Stage paths and self time ]). Any other call
+    (``Timed``'s: ``transform(image=img)``) goes to ``timed_call``."""
+    if args or kwargs or x is _ONE:
+        return timed_call(path, fn, *(() if x is _ONE else (x,)), *args, **kwargs)
     rec = _recorder
     if not rec.enabled:
         return fn(x)
