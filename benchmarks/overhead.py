@@ -17,6 +17,10 @@ reported; it also loads Kineto for torch.profiler):
   torch.profiler  ``with torch.profiler.profile(activities=[CPU]): for batch in loader``
   every batch     (``--every-batch``) as ``pipeprof`` with ``Profiler(stage_every=1)``: the
                   stages timed in every batch, not in one in 8 (docs/overhead.md)
+  unwrapped       (``--unwrapped``) ``with pipeprof.Profiler(): for batch in loader``: the
+                  samplers and the profile's start and stop around the plain loader, nothing
+                  of pipeprof's in the workers: the part of pipeprof's cost, and of what it does
+                  to the workers' CPU (sharing the cores), that is not the loader's wrapping
 
 Every variant of a round draws the same shuffle and the same random crops
 (``torch.manual_seed`` before each; ``--fresh-draws``: each its own), so a round compares the
@@ -93,6 +97,7 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SCHEDSTAT = os.path.exists("/proc/self/schedstat")  # per-thread time on CPU in ns
 VARIANTS = ("plain", "pipeprof", "torch.profiler")
 EVERY_BATCH = "every batch"  # pipeprof timing every batch's stages (--every-batch)
+UNWRAPPED = "unwrapped"  # a pipeprof profile around the plain loader (--unwrapped)
 GROUPS = ("main", "pipeprof", "other", "monitor", "unattributed")
 MONITOR = "bench-monitor"
 
@@ -300,6 +305,12 @@ def epoch(
         prof = pipeprof.Profiler(stage_every=1) if variant == EVERY_BATCH else pipeprof.Profiler()
         with prof:
             out = consume(passes(prof.wrap(loader), epochs), step_s)
+            t_loop = clock()
+    elif variant == UNWRAPPED:
+        import pipeprof
+
+        with pipeprof.Profiler():
+            out = consume(passes(loader, epochs), step_s)
             t_loop = clock()
     elif variant == "torch.profiler":
         from torch.profiler import ProfilerActivity, profile
@@ -576,6 +587,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also run pipeprof timing every batch's stages (stage_every=1) as {EVERY_BATCH!r}",
     )
     ap.add_argument(
+        "--unwrapped",
+        action="store_true",
+        help=f"also run a profile around the plain loader, nothing wrapped, as {UNWRAPPED!r}: "
+        "the samplers and the profile's start and stop alone, and what they do to the workers",
+    )
+    ap.add_argument(
         "--fresh-draws",
         action="store_true",
         help="let each variant draw its own shuffle and crops (default: the same in a round)",
@@ -584,7 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.images < 1 or args.workers < 1 or args.epochs < 1:
         ap.error("--rounds, --images and --workers must be >= 1 (workers: their CPU is measured)")
-    variants = list(VARIANTS) + ([EVERY_BATCH] if args.every_batch else [])
+    variants = list(VARIANTS) + [
+        v for v, on in ((EVERY_BATCH, args.every_batch), (UNWRAPPED, args.unwrapped)) if on
+    ]
     load_start = os.getloadavg()
 
     from pipeprof.demo import make_images
