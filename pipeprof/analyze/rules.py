@@ -385,6 +385,8 @@ UNMEASURED_HANDOVER = (
 
 
 CPU_GAIN = 1.1  # the least gain (x) worth a fix when more workers take cores from the step
+MODEL_SLACK = 1.5  # the model's rate for the workers there are, this far under the measured:
+# it does not describe the run (too few steps for the steady state it models): said so
 
 
 def _cpu_shared(
@@ -428,10 +430,19 @@ def _cpu_shared(
     }
     busy = f"the training step keeps {occupied} of the {cores} cores busy while it computes"
     if will < CPU_GAIN * base:
+        # the model's rates and the measured one side by side, not a ratio of the two: its
+        # error would read as the loop's change (the README's demo: "predicted ×0.39")
+        gauge = (
+            f"the model, before the cost of handing batches over: {will:.0f} samples/s with "
+            f"{_workers(need)}, {here:.0f} with {_workers(n)}"
+        )
+        if measured:
+            gauge += f"; the loop's steady steps ran at {measured:.0f}"
+            if here * MODEL_SLACK < measured:
+                gauge += ", too far from the model to predict from: a longer profile may tell"
         msg = (
             f"more workers would not speed this loop up much: {busy}, so loading in workers "
-            f"takes cores from it (predicted ×{will / base:.2f} with {_workers(need)}, before "
-            "the cost of handing batches over)"
+            f"takes cores from it ({gauge})"
         )
         fix = (
             "none that more workers give: make loading cheaper (the limiting stage), cache "
