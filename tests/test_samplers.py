@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -27,6 +28,7 @@ from pipeprof.collect.samplers import (
     mean_over_spans,
     query,
 )
+from pipeprof.collect.samplers import base as base_module
 from pipeprof.collect.samplers import host as host_module
 from pipeprof.collect.samplers import nvml as nvml_module
 
@@ -152,6 +154,36 @@ def test_stop_is_idempotent_safe_unstarted_and_final() -> None:
         s.start()
     with pytest.raises(ValueError):
         Recording(hz=0)
+
+
+class MakesACollectionDue(HostSampler):
+    """Primes with every generation's threshold at 1, so that its first allocation runs the
+    collection the program's heap has made due, on this thread (as torch's import does)."""
+
+    def _prime(self, now_ns: int) -> bool:
+        old = gc.get_threshold()
+        gc.set_threshold(1, 1, 1)
+        try:
+            return super()._prime(now_ns)
+        finally:
+            gc.set_threshold(*old)
+
+
+def test_the_programs_collections_on_a_sampler_thread_are_not_its_cost() -> None:
+    # NOTE [ The program's collections on a sampler thread ]: the README's demo counted a
+    # 150 ms full collection of torch's objects as the samplers' CPU
+    gc.disable()
+    try:
+        heap = [[] for _ in range(1_000_000)]  # the program's objects, made since the last full
+        gc.collect(1)  # collection: moved to the oldest generation, so a full one is due
+    finally:
+        gc.enable()
+    with MakesACollectionDue(hz=50) as s:
+        time.sleep(0.3)
+    del heap
+    assert s.gc_ns >= 10 * MS, s.gc_ns  # it ran on the sampler's thread ...
+    assert s.cpu_ns < 0.5 * s.gc_ns, (s.cpu_ns, s.gc_ns)  # ... and is not its cost
+    assert gc.callbacks.count(base_module._on_gc) == 0  # no hook left once no sampler runs
 
 
 # ---- NVML through the fake module ---------------------------------------------------------------
