@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -263,10 +264,12 @@ def test_the_readme_demo_quotes_no_change_its_model_cannot_see(tmp_path):
         return  # a gain offered, or none found: test_..._no_gain_it_does_not_get follows one
     ev, msg = needed[0]["evidence"], needed[0]["message"]
     assert "×" not in msg, msg
+    said = [int(n) for n in re.findall(r"\d+", msg)]  # the message rounds what evidence keeps
     for key in ("predicted_samples_per_s", "predicted_now_samples_per_s", "measured_samples_per_s"):
-        assert f"{ev[key]:.0f}" in msg, (key, msg)
-    far = ev["predicted_now_samples_per_s"] * MODEL_SLACK < ev["measured_samples_per_s"]
-    assert far == ("too far from the model to predict from" in msg), msg
+        assert any(abs(n - ev[key]) <= 1 for n in said), (key, msg)
+    ratio = ev["measured_samples_per_s"] / ev["predicted_now_samples_per_s"]
+    if abs(ratio - MODEL_SLACK) > 0.01:  # the evidence is rounded: not judged at the edge
+        assert (ratio > MODEL_SLACK) == ("too far from the model to predict from" in msg), msg
 
 
 @pytest.mark.timing
