@@ -437,7 +437,7 @@ def _cpu_shared(
             f"{_workers(need)}, {here:.0f} with {_workers(n)}"
         )
         if measured:
-            gauge += f"; the loop's steady steps ran at {measured:.0f}"
+            gauge += f"; the loop ran at {measured:.0f}"  # in the view the verdict reads
             if here * MODEL_SLACK < measured:
                 gauge += ", too far from the model to predict from: a longer profile may tell"
         msg = (
