@@ -61,9 +61,9 @@ torch.profiler is made to just after its ``with`` block ends, workers joined):
                   difference, and in how many rounds it was higher).
   overhead        the median over rounds of each variant's all-process CPU over plain's, with
                   a 95 % confidence interval for that median (order statistics, no assumption on
-                  the spread's shape): the per-round ratio moves by about 3 % on this machine,
-                  so a run of 12 rounds pins its median down to about ±1.3 %, one of 150 to
-                  about ±0.4 %.
+                  the spread's shape): the per-round ratio has a standard deviation of about
+                  4 % on this machine, so the median of 12 rounds has a standard error of about
+                  1.4 %, that of 150 rounds about 0.4 %.
 
 The workers' system time is mostly minor page faults, and with glibc's default malloc their count
 swings from run to run with the heap's layout (the dynamic mmap and trim thresholds: a freed
