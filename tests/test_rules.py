@@ -499,8 +499,8 @@ def test_cpu_training_on_one_core_is_promised_what_the_spare_core_gives():
     for row in (w for w in report["what_if"] if w["kind"] == "workers"):
         assert row["samples_per_s"] <= 1.02 * 4e3 * cores / (4 * 7.5 + 10.0), row
         assert (row.get("measured_samples_per_s") is not None) == (row["workers"] == 1), row
-    if f["severity"] == "info":  # the model saw no gain worth a fix: nothing promised
-        assert "would not speed this loop up" in f["message"]
+    if f["severity"] == "info":  # the model saw no gain worth a fix, or could not tell
+        assert any(said in f["message"] for said in ("would not speed this loop up", "cannot tell"))
         return
     assert f["fix"] == f"DataLoader(num_workers={need})"
     followed = _one_core_training(need, profile=False, samples=640)
@@ -978,14 +978,16 @@ def two_core_step(ms: float) -> None:
     "load_ms,cpu_ms,step_ms",
     [(0.0, 7.5, 30.0), (2.0, 5.0, 20.0)],  # the model reads the run ~1.6x, then ~1.35x, low
 )
-def test_cpu_training_on_every_core_is_offered_no_worker_count_and_told_the_rates(
+def test_cpu_training_on_every_core_the_model_reads_low_offers_no_verdict_on_workers(
     load_ms, cpu_ms, step_ms
 ):
-    """A CPU step on all the cores, starved by CPU-bound loading: more workers would take cores
-    from it, so no worker count is offered. The message gives the model's rates beside the one
-    measured, never their ratio: on the README's demo the model ran low (133 samples/s where the
-    loop ran 345) and "predicted ×0.39" read as a slowdown the fix would cause. Where the model
-    reads the run more than ``MODEL_SLACK`` times under the measured rate, it says so."""
+    """A CPU step on all the cores beside CPU-bound loading in 1 worker: the model of the cores
+    they share reads the loop 1.35-1.6x under its measured rate. It used to say "more workers
+    would not speed this loop up much", yet 2 workers ran these loops 1.24x and 1.5x faster
+    (89 -> 111, 103 -> 155 samples/s; and on the README's demo it had said "predicted x0.39").
+    Where the model is off by more than the gain it would have to tell (``MODEL_SLACK``), the
+    finding says it cannot tell, gives its figures beside the measured one, never their ratio,
+    and asks for the run to be measured with more workers."""
     if torch.get_num_threads() < (os.cpu_count() or 1):
         pytest.skip("torch runs fewer threads than there are cores: the step cannot fill them")
     loader = DataLoader(CostDataset(96, load_ms=load_ms, transform=TorchWork(cpu_ms)),
@@ -1000,11 +1002,10 @@ def test_cpu_training_on_every_core_is_offered_no_worker_count_and_told_the_rate
     f = findings(report)["workers-needed"]
     ev, msg = f["evidence"], f["message"]
     assert ev["training_cores"] == (os.cpu_count() or 1), ev
-    assert f["severity"] == "info" and "would not speed this loop up" in msg, f
-    assert "×" not in msg, msg
+    assert ev["measured_samples_per_s"] > MODEL_SLACK * ev["predicted_now_samples_per_s"], ev
+    assert f["severity"] == "info" and "cannot tell" in msg, f
+    assert "would not speed" not in msg and "×" not in msg, msg
     said = [int(n) for n in re.findall(r"\d+", msg)]  # the message rounds what evidence keeps
     for key in ("predicted_samples_per_s", "predicted_now_samples_per_s", "measured_samples_per_s"):
         assert any(abs(n - ev[key]) <= 1 for n in said), (key, msg)
-    ratio = ev["measured_samples_per_s"] / ev["predicted_now_samples_per_s"]
-    if abs(ratio - MODEL_SLACK) > 0.01:  # the evidence is rounded: not judged at the edge
-        assert (ratio > MODEL_SLACK) == ("too far from the model to predict from" in msg), msg
+    assert f"DataLoader(num_workers={ev['workers_needed']})" in f["fix"], f
