@@ -976,21 +976,21 @@ def two_core_step(ms: float) -> None:
 @pytest.mark.timing
 @pytest.mark.parametrize(
     "load_ms,cpu_ms,step_ms",
-    [(0.0, 7.5, 30.0), (2.0, 5.0, 20.0)],  # the model reads the run ~1.6x, then ~1.35x, low
+    [(0.0, 10.0, 40.0), (2.0, 5.0, 20.0)],  # the model reads the run ~1.75x, then ~1.35x, low
 )
 def test_cpu_training_on_every_core_the_model_reads_low_offers_no_verdict_on_workers(
     load_ms, cpu_ms, step_ms
 ):
     """A CPU step on all the cores beside CPU-bound loading in 1 worker: the model of the cores
-    they share reads the loop 1.35-1.6x under its measured rate. It used to say "more workers
-    would not speed this loop up much", yet 2 workers ran these loops 1.24x and 1.5x faster
-    (89 -> 111, 103 -> 155 samples/s; and on the README's demo it had said "predicted x0.39").
+    they share reads the loop 1.35-1.75x under its measured rate. It used to say "more workers
+    would not speed this loop up much", yet 2 workers ran these loops 1.19x and 1.5x faster
+    (72 -> 86, 103 -> 155 samples/s; and on the README's demo it had said "predicted x0.39").
     Where the model is off by more than the gain it would have to tell (``MODEL_SLACK``), the
     finding says it cannot tell, gives its figures beside the measured one, never their ratio,
     and asks for the run to be measured with more workers."""
     if torch.get_num_threads() < (os.cpu_count() or 1):
         pytest.skip("torch runs fewer threads than there are cores: the step cannot fill them")
-    loader = DataLoader(CostDataset(96, load_ms=load_ms, transform=TorchWork(cpu_ms)),
+    loader = DataLoader(CostDataset(160, load_ms=load_ms, transform=TorchWork(cpu_ms)),
                         batch_size=4, num_workers=1)  # fmt: skip
     prof = pipeprof.Profiler(sample_hz=0)
     with prof:
@@ -999,7 +999,8 @@ def test_cpu_training_on_every_core_the_model_reads_low_offers_no_verdict_on_wor
                 two_core_step(step_ms)
     report = prof.report().to_dict()
     assert report["verdict"]["kind"] == "input-bound", report["verdict"]
-    f = findings(report)["workers-needed"]
+    f = findings(report).get("workers-needed")
+    assert f is not None, (report["verdict"].get("cause"), list(findings(report)))
     ev, msg = f["evidence"], f["message"]
     assert ev["training_cores"] == (os.cpu_count() or 1), ev
     assert ev["measured_samples_per_s"] > MODEL_SLACK * ev["predicted_now_samples_per_s"], ev
