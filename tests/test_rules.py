@@ -979,7 +979,7 @@ def two_core_step(ms: float) -> None:
     [(0.0, 10.0, 40.0), (2.0, 5.0, 20.0)],  # the model reads the run ~1.75x, then ~1.35x, low
 )
 def test_cpu_training_on_every_core_the_model_reads_low_offers_no_verdict_on_workers(
-    load_ms, cpu_ms, step_ms
+    load_ms, cpu_ms, step_ms, threads
 ):
     """A CPU step on all the cores beside CPU-bound loading in 1 worker: the model of the cores
     they share reads the loop 1.35-1.75x under its measured rate. It used to say "more workers
@@ -988,8 +988,7 @@ def test_cpu_training_on_every_core_the_model_reads_low_offers_no_verdict_on_wor
     Where the model is off by more than the gain it would have to tell (``MODEL_SLACK``), the
     finding says it cannot tell, gives its figures beside the measured one, never their ratio,
     and asks for the run to be measured with more workers."""
-    if torch.get_num_threads() < (os.cpu_count() or 1):
-        pytest.skip("torch runs fewer threads than there are cores: the step cannot fill them")
+    threads(os.cpu_count() or 1)  # the step's ops on every core (a test before may set fewer)
     loader = DataLoader(CostDataset(160, load_ms=load_ms, transform=TorchWork(cpu_ms)),
                         batch_size=4, num_workers=1)  # fmt: skip
     prof = pipeprof.Profiler(sample_hz=0)
