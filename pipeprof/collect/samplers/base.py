@@ -90,9 +90,9 @@ class Sampler:
 
     Subclasses implement ``_prime`` (open the source; return False to give up), ``_sample`` (one
     reading at ``now_ns``), ``_close`` and ``to_dict``. The thread sleeps to a deadline
-    (``deadline += period``) on an Event, so ``stop()`` is immediate; it records its own lateness
-    and never raises: a sample that fails is counted in ``errors`` and skipped. Samples are kept in
-    a ring of ``capacity`` entries; aggregates cover the whole run.
+    (``deadline += period``) on a lock that ``stop()`` releases, so ``stop()`` is immediate; it
+    records its own lateness and never raises: a sample that fails is counted in ``errors`` and
+    skipped. Samples are kept in a ring of ``capacity`` entries; aggregates cover the whole run.
     """
 
     thread_name = "pipeprof-sampler"
@@ -111,6 +111,10 @@ class Sampler:
         self.capacity = capacity
         self._clock = clock
         self._stop_event = threading.Event()
+        # held until stop(): the thread sleeps to its deadlines in acquire(timeout=...), one C
+        # call, where Event.wait would run threading.Condition's Python on every wake-up
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # guards aggregates and the ring against to_dict()
         self.lateness = Lateness()
@@ -180,7 +184,8 @@ class Sampler:
             if not self.prime():
                 return
             deadline = (self.primed_ns or 0) + self.period_ns
-            while not self._stop_event.wait(max(0.0, (deadline - self._clock()) / 1e9)):
+            wake = self._wake
+            while not wake.acquire(timeout=max(0.0, (deadline - self._clock()) / 1e9)):
                 deadline = self.tick(deadline)
                 self._count(cpu0, collections)
         except Exception:  # the thread must never raise into the user's program
@@ -216,7 +221,12 @@ class Sampler:
         """Stop and join the thread. Idempotent; safe (a no-op) if never started."""
         if self._thread is None:
             return
-        self._stop_event.set()
+        if not self._stop_event.is_set():
+            self._stop_event.set()
+            try:
+                self._wake.release()
+            except RuntimeError:  # released by a stop() in another thread meanwhile
+                pass
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 

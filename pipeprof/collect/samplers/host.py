@@ -30,6 +30,12 @@ So:
   CPU and RSS before then are in neither its ``per_process`` entry nor ``children_cpu``), plus its
   priming sample as before. A child that exits is dropped at the first sample that cannot read it.
 
+A sample only takes snapshots: on Linux the bytes of each /proc file, kept as they are. Every
+``SETTLE_EVERY`` samples (5 s at 10 Hz), when the sampler stops and whenever its summary is read,
+the pending snapshots are made into readings and aggregates at once, in the order taken. Parsing
+fifty samples in one loop runs warm; one sample's parsing 100 ms after the last one ran cold, at
+two to three times the cost (``benchmarks/sampler_cost.py``).
+
 A source (the open /proc files, psutil's objects, which devices are whole disks, the core
 count) is made once per process and kept between samplers (``_take`` and ``_give_back``): making
 one costs 1-2 ms where a profile starts, as much as 5 samples, and it does not change. Each
@@ -58,6 +64,7 @@ SATURATED_PCT = 90.0  # a core at or above this busy % counts as saturated
 MAX_PROCESSES = 1024  # per-process aggregates kept; later children still count in children_cpu
 DISCOVERY_SHARE = 0.002  # children look-ups take at most this share of a core: see NOTE above
 DISCOVERY_BURST_NS = 2_000_000  # ... beyond which they may spend this much CPU at once
+SETTLE_EVERY = 50  # samples whose snapshots are made into readings at once: see NOTE above
 SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own
 Role = Literal["main", "child"]
 CoreTimes = list[tuple[float, float, float, float]]  # per core: busy, total, iowait, steal
@@ -108,6 +115,27 @@ class _Psutil:
         self._root = psutil.Process()
         self._procs: dict[int, Any] = {self._root.pid: self._root}  # pid -> psutil.Process
         self.has_iowait = hasattr(psutil.cpu_times(), "iowait")  # Linux only
+
+    # A sample takes snapshots (``snap_*``), cheap; the readings are made of them (``*_of``)
+    # later, many at once (NOTE [ Host sampling cost ]). Here a snapshot is the reading itself.
+
+    def snap_cores(self) -> Any:
+        return self.core_times()
+
+    def cores_of(self, snap: Any) -> CoreTimes:
+        return snap  # type: ignore[no-any-return]
+
+    def snap_disk(self) -> Any:
+        return self.disk_read_bytes()
+
+    def disk_of(self, snap: Any) -> Value:
+        return snap  # type: ignore[no-any-return]
+
+    def snap(self, pid: int) -> Any:
+        return self.read(pid)
+
+    def reading_of(self, snap: Any) -> Reading:
+        return snap  # type: ignore[no-any-return]
 
     def core_times(self) -> CoreTimes:
         # From cpu_times deltas rather than psutil.cpu_percent()/cpu_times_percent(): those keep
@@ -218,15 +246,24 @@ class _Procfs(_Psutil):
         except Exception:
             pass
 
-    def _cpu_lines(self) -> list[list[bytes]]:
-        data = self._read("stat", "/proc/stat")
-        return [ln.split() for ln in data.splitlines() if ln[:3] == b"cpu" and ln[3:4].isdigit()]
+    def _cpu_lines(self, data: bytes | None = None) -> list[list[bytes]]:
+        if data is None:
+            data = self._read("stat", "/proc/stat")
+        end = data.find(b"\nintr")  # the per-core lines come first; "intr" is long
+        head = data if end < 0 else data[:end]
+        return [ln.split() for ln in head.splitlines() if ln[:3] == b"cpu" and ln[3:4].isdigit()]
+
+    def snap_cores(self) -> Any:
+        return self._read("stat", "/proc/stat")
 
     def core_times(self) -> CoreTimes:
+        return self.cores_of(self.snap_cores())
+
+    def cores_of(self, snap: Any) -> CoreTimes:
         # user nice system idle iowait irq softirq steal guest guest_nice (clock ticks); guest
         # time is in user time already. Busy and total as _busy_total counts psutil's.
         out = []
-        for line in self._cpu_lines():
+        for line in self._cpu_lines(snap):
             v = [int(x) for x in line[1:]]
             total = sum(v) - sum(v[8:10])
             iowait = v[4] if len(v) > 4 else 0
@@ -234,13 +271,20 @@ class _Procfs(_Psutil):
             out.append((float(total - v[3] - iowait), float(total), float(iowait), float(steal)))
         return out
 
-    def disk_read_bytes(self) -> Value:
+    def snap_disk(self) -> Any:
         try:
-            data = self._read("diskstats", "/proc/diskstats")
+            return self._read("diskstats", "/proc/diskstats")
         except OSError:
-            return super().disk_read_bytes()
+            return super().disk_read_bytes()  # a reading already (psutil's)
+
+    def disk_read_bytes(self) -> Value:
+        return self.disk_of(self.snap_disk())
+
+    def disk_of(self, snap: Any) -> Value:
+        if not isinstance(snap, bytes):
+            return snap  # type: ignore[no-any-return]
         sectors, seen = 0, False
-        for line in data.splitlines():
+        for line in snap.splitlines():
             fields = line.split()
             if len(fields) == 14 or len(fields) >= 18:  # a disk: sectors read is the 6th field
                 name, n = fields[2], fields[5]
@@ -284,9 +328,14 @@ class _Procfs(_Psutil):
                 todo += kids
         return found
 
+    def snap(self, pid: int) -> Any:
+        return self._read(pid, f"/proc/{pid}/stat")
+
     def read(self, pid: int) -> Reading:
-        data = self._read(pid, f"/proc/{pid}/stat")
-        fields = data[data.rindex(b")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
+        return self.reading_of(self.snap(pid))
+
+    def reading_of(self, snap: Any) -> Reading:
+        fields = snap[snap.rindex(b")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
         # utime, stime (clock ticks), starttime (ticks since boot), rss (pages): fields 14, 15,
         # 22 and 24 of proc(5); psutil's memory_info().rss reads the same count from statm.
         cpu_s = (int(fields[11]) + int(fields[12])) / self._clk_tck
@@ -356,6 +405,7 @@ class HostSampler(Sampler):
         self._last_times: CoreTimes = []
         self._last_disk: Value = NA  # read bytes
         self._last_t = 0
+        self._pending: list[tuple[Any, ...]] = []  # snapshots not made into readings yet
         self._has_iowait = False
         self.cpu = TimeWeighted()
         self.saturated = TimeWeighted()
@@ -373,22 +423,24 @@ class HostSampler(Sampler):
         except ImportError:
             self.note = "psutil is not installed, so host CPU is not sampled; pip install psutil."
             return False
-        self._src = _take(psutil)
+        src = self._src = _take(psutil)
         self._pid = os.getpid()
         self._procs[self._pid] = _Proc(self._pid, "main")
-        self.cpu_count = self._src.cpu_count
-        self._last_times = self._src.core_times()
-        self._has_iowait = self._src.has_iowait
-        self._last_disk = self._src.disk_read_bytes()
+        self.cpu_count = src.cpu_count
+        self._last_times = src.core_times()
+        self._has_iowait = src.has_iowait
+        self._last_disk = src.disk_read_bytes()
         self._last_t = now_ns
-        self._reading(self._pid)  # primes the main process's CPU
+        wall = time.monotonic_ns()
+        self._reading(self._pid, src.snap(self._pid), wall)  # primes the main process's CPU
         main = self._procs[self._pid].cpu
         for agg in (self.cpu, self.saturated, self.iowait, self.steal, self.disk, main):
             agg.begin(now_ns)
         self._credit_t = time.monotonic_ns()
         self._maybe_look_up(force=True)
         for pid in list(self._kids):  # children there already are primed now, as the main is
-            if self._reading(pid) is None:
+            snap = self._snap(pid)
+            if snap is None or self._reading(pid, snap, time.monotonic_ns()) is None:
                 self._kids.remove(pid)
             else:
                 self._begin_child(now_ns, pid)
@@ -425,39 +477,41 @@ class HostSampler(Sampler):
             found = set(kids)
             for pid in self._kids:
                 if pid not in found:
-                    self._drop(pid)
+                    self._src.forget(pid)
             self._kids = list(dict.fromkeys(kids))
         self._credit_ns -= time.thread_time_ns() - cpu0
 
-    def _drop(self, pid: int) -> None:
-        self._last.pop(pid, None)
-        if self._src is not None:
-            self._src.forget(pid)
-
     def _close(self) -> None:
         if self._src is not None:
+            self._settle()  # the source makes the readings: before another sampler takes it
             src, self._src = self._src, None
             _give_back(src)
 
-    def _reading(self, pid: int) -> tuple[Value, float] | None:
-        """(cpu %, rss MiB) of a process: CPU is NA at its first (priming) reading. None if it
-        is gone or unreadable, or its pid now names another process (whose reading becomes the
-        first of a new one)."""
+    def _snap(self, pid: int) -> Any:
+        """A snapshot of a process's reading, or None if it is gone (what is kept for reading it
+        let go: a child that exited)."""
         assert self._src is not None
         try:
-            ident, cpu_s, rss = self._src.read(pid)
+            return self._src.snap(pid)
         except Exception:
-            self._drop(pid)
+            self._src.forget(pid)
             return None
-        now = time.monotonic_ns()
+
+    def _reading(self, pid: int, snap: Any, wall_ns: int) -> tuple[Value, float] | None:
+        """(cpu %, rss MiB) of a process from its snapshot taken at ``wall_ns`` (monotonic): CPU
+        is NA at its first (priming) reading, and where its pid now names another process (whose
+        reading is the first of a new one). None if the snapshot cannot be read."""
+        assert self._src is not None
+        try:
+            ident, cpu_s, rss = self._src.reading_of(snap)
+        except Exception:
+            self._last.pop(pid, None)
+            return None
         last = self._last.get(pid)
-        if last is not None and last.ident != ident:
-            self._drop(pid)
-            return None
-        self._last[pid] = _Last(ident, cpu_s, now)
+        self._last[pid] = _Last(ident, cpu_s, wall_ns)
         cpu: Value = NA
-        if last is not None and now > last.wall_ns:
-            cpu = 100.0 * (cpu_s - last.cpu_s) * 1e9 / (now - last.wall_ns)
+        if last is not None and last.ident == ident and wall_ns > last.wall_ns:
+            cpu = 100.0 * (cpu_s - last.cpu_s) * 1e9 / (wall_ns - last.wall_ns)
         return cpu, rss / MIB
 
     def _record_proc(self, now_ns: int, pid: int, cpu: Value, rss: Value) -> None:
@@ -469,28 +523,57 @@ class HostSampler(Sampler):
             agg.rss_max_mb = rss if agg.rss_max_mb is None else max(agg.rss_max_mb, rss)
 
     def _sample(self, now_ns: int) -> None:
-        if not self.available or self._src is None:
+        # NOTE [ Host sampling cost ]: snapshots only, made into readings SETTLE_EVERY samples
+        # at a time (and whenever the summary is read)
+        src = self._src
+        if not self.available or src is None:
             return
-        cpu, iowait, saturated, steal = self._cpu()
-        main = self._reading(self._pid)
+        cores = src.snap_cores()
+        main = self._snap(self._pid)
+        wall = time.monotonic_ns()
+        self._maybe_look_up()
+        kids = []
+        for pid in self._kids:
+            snap = self._snap(pid)
+            if snap is not None:
+                kids.append((pid, snap))
+        if len(kids) != len(self._kids):
+            self._kids = [pid for pid, _ in kids]
+        self._pending.append((now_ns, wall, cores, main, kids, src.snap_disk()))
+        if len(self._pending) >= SETTLE_EVERY:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Make the pending snapshots into readings and aggregates, in the order taken."""
+        pending, self._pending = self._pending, []
+        for now_ns, wall, cores, main_snap, kids, disk_snap in pending:
+            self._apply(now_ns, wall, cores, main_snap, kids, disk_snap)
+
+    def _apply(
+        self, now_ns: int, wall: int, cores: Any, main_snap: Any, kids: Any, disk_snap: Any
+    ) -> None:
+        assert self._src is not None
+        cpu, iowait, saturated, steal = self._cpu(self._src.cores_of(cores))
+        main = None if main_snap is None else self._reading(self._pid, main_snap, wall)
         main_cpu, main_rss = main if main is not None else (NA, NA)
         self._record_proc(now_ns, self._pid, main_cpu, main_rss)
-        self._maybe_look_up()
         children_cpu, rss = 0.0, 0.0 if isinstance(main_rss, NaType) else main_rss
-        alive = []
-        for pid in self._kids:
-            reading = self._reading(pid)
+        alive = {self._pid}
+        for pid, snap in kids:
+            reading = self._reading(pid, snap, wall)
             if reading is None:
                 continue
-            alive.append(pid)
+            alive.add(pid)
             c_cpu, c_rss = reading
             if isinstance(c_cpu, NaType):  # its first reading: its intervals start now
                 self._begin_child(now_ns, pid)
             self._record_proc(now_ns, pid, c_cpu, c_rss)
             children_cpu += 0.0 if isinstance(c_cpu, NaType) else c_cpu
             rss += c_rss
-        self._kids = alive
-        disk_bytes, dt_s = self._src.disk_read_bytes(), (now_ns - self._last_t) / 1e9
+        if len(self._last) > len(alive):  # a child no longer there: its next reading primes
+            for pid in [p for p in self._last if p not in alive]:
+                del self._last[pid]
+        disk_bytes, dt_s = self._src.disk_of(disk_snap), (now_ns - self._last_t) / 1e9
         disk: Value = NA
         if not isinstance(disk_bytes, NaType) and not isinstance(self._last_disk, NaType):
             delta = disk_bytes - self._last_disk
@@ -507,30 +590,32 @@ class HostSampler(Sampler):
         self.rss_max_mb = rss if self.rss_max_mb is None else max(self.rss_max_mb, rss)
         self._ring.append((now_ns, cpu, main_cpu, children_cpu, iowait, disk, saturated, rss))
 
-    def _cpu(self) -> tuple[Value, Value, Value, Value]:
+    def _cpu(self, times: CoreTimes) -> tuple[Value, Value, Value, Value]:
         """System busy %, iowait %, saturated-core count and steal % since the previous sample.
         Stolen time counts as busy (a core the hypervisor gave away is a core this run lost)."""
-        assert self._src is not None
-        times = self._src.core_times()
-        deltas = [
-            tuple(n - o for n, o in zip(new, old, strict=True))
-            for new, old in zip(times, self._last_times, strict=False)
-        ]
+        busy = total = iowait = steal = 0.0
+        saturated = 0
+        for new, old in zip(times, self._last_times, strict=False):
+            b, t = new[0] - old[0], new[1] - old[1]
+            busy += b
+            total += t
+            iowait += new[2] - old[2]
+            steal += new[3] - old[3]
+            if t > 0 and 100.0 * b / t >= SATURATED_PCT:
+                saturated += 1
         self._last_times = times
-        busy = sum(d[0] for d in deltas)
-        total = sum(d[1] for d in deltas)
         if total <= 0:  # no clock tick since the previous sample
             return NA, NA, NA, NA
-        saturated = sum(1 for d in deltas if d[1] > 0 and 100.0 * d[0] / d[1] >= SATURATED_PCT)
-        iowait: Value = 100.0 * sum(d[2] for d in deltas) / total if self._has_iowait else NA
-        steal = 100.0 * sum(d[3] for d in deltas) / total
-        return 100.0 * busy / total, iowait, float(saturated), steal
+        io: Value = 100.0 * iowait / total if self._has_iowait else NA
+        return 100.0 * busy / total, io, float(saturated), 100.0 * steal / total
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: system CPU, saturated cores, iowait, disk, RSS, ``per_process``
         (main first, then children by pid) and a ``timeline`` (n/a: None). MB are MiB.
         """
         with self._lock:
+            if self._src is not None:
+                self._settle()
             ring = list(self._ring)
             procs = [p.to_dict() for p in self._procs.values()]
         procs[1:] = sorted(procs[1:], key=lambda p: int(p["pid"]))
