@@ -353,3 +353,42 @@ def test_records_are_folded_in_the_background_and_stay_exact(monkeypatch):
     assert report["stages"]["load"]["count"] == 2 * 31 * 8
     assert report["stages"]["collate"]["count"] == 2 * 31
     assert prof.session.costs["settle_ns"] > 0
+
+
+def test_a_batchs_bookkeeping_runs_in_bulk_and_is_complete_at_each_pass_end(monkeypatch):
+    """NOTE [ Deferred aggregation ]: inside ``next()`` a batch's bookkeeping is only queued; the
+    loop's thread runs the queue every DEFER_LIMIT calls (never while a fold holds the session),
+    and each pass's end runs the rest: then every batch is counted once, as before."""
+    from pipeprof.core import session as session_mod
+
+    monkeypatch.setattr(session_mod, "DEFER_LIMIT", 18)
+    prof = pipeprof.Profiler(sample_hz=0)
+    s = prof.session
+    lag, queued = [], []
+    with prof:
+        for i, _ in enumerate(prof.wrap(DataLoader(Tiny(), batch_size=8, num_workers=2))):
+            lag.append(i + 1 - s.batches)  # batches yielded that the session has not counted
+            queued.append(len(s._deferred))
+        assert s.batches == 500 and s.wait.count == 499 and not s._deferred
+        assert sum(w.batches for w in s.workers.values()) == 500
+    assert max(queued) < 18 and set(lag) == set(range(9))  # run every 9 batches (2 calls each)
+    assert s.costs["main_ns"] > 0 and s.costs["settle_ns"] > 0
+    # the queue is left alone while another thread holds the session, and run once it is free
+    held, free = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with s._lock:
+            held.set()
+            free.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    calls: list[int] = []
+    for k in range(25):
+        s.defer(calls.append, k)
+    assert calls == [] and len(s._deferred) == 25
+    free.set()
+    t.join(10)
+    s.defer(calls.append, 25)
+    assert calls == list(range(26)) and not s._deferred

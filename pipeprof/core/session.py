@@ -15,8 +15,14 @@ time so the loop's thread never waits long for the GIL. Not at the end of each p
 loader: a fold has a fixed cost (NumPy, per stage and process: about 0.8 ms an epoch on the JPEG
 pipeline of docs/overhead.md, for a few thousand records), which one fold at the end pays once.
 Their spans stay packed until something reads ``spans`` through ``settled()`` (a report, a file,
-a trace). Read ``stages`` and ``spans`` through ``settled()``. The folds' CPU time at a profile's
-stop and on the settling thread is pipeprof's own cost and lands in ``costs["settle_ns"]``.
+a trace). The rest of a batch's bookkeeping (its wait into ``wait``, ``starved`` and
+``handover``, its worker's busy time, pipeprof's costs) is queued too (``defer``) and run, in
+order, at the end of each pass over a loader, when the session settles, and by the loop's thread
+every ``DEFER_LIMIT`` batches: a pass's batches done in one loop cost about 5 µs each, where
+each alone, between two waits for a worker, cost three to four times that (docs/overhead.md).
+Read ``stages`` and ``spans`` through ``settled()``, and the rest once a pass is over or the
+session settled. The folds' CPU time (at a pass's end, at a profile's stop, on the settling
+thread) is pipeprof's own cost and lands in ``costs["settle_ns"]``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import os
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -42,6 +48,7 @@ BATCH_LIMIT = 10_000  # recent per-batch records kept
 STEP_RING = 10_000  # recent loop steps kept for timelines
 SETTLE_EVENTS = 65_536  # pending records that start a background settle (about 1.5 MB)
 SETTLE_CHUNK = 8_192  # records folded between two releases of the GIL
+DEFER_LIMIT = 1_024  # batches' bookkeeping queued (``defer``) before the loop's thread runs it
 # Per-step figures of a training loop (NOTE [ Step attribution ] in collect/loop.py), in ns
 STEP_PARTS = (
     "wait", "starved", "handover", "transfer", "user_transfer", "compute", "comm", "overhead",
@@ -196,6 +203,9 @@ class Session:
         default_factory=deque, repr=False, compare=False
     )  # folded, not yet tuples: per fold, [(track, path, starts, durations)...]
     _span_count: int = field(default=0, repr=False, compare=False)
+    _deferred: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = field(
+        default_factory=deque, repr=False, compare=False
+    )  # bookkeeping to run, in order, when the session settles (``defer``)
 
     # ---- collection ---------------------------------------------------------------------
 
@@ -213,6 +223,26 @@ class Session:
             )
             self._settler.start()
 
+    def defer(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` later, in order with the others deferred, when the session settles:
+        a batch's bookkeeping (NOTE [ Deferred aggregation ]). The loop's thread runs what is
+        queued itself every ``DEFER_LIMIT`` calls, at once, unless a fold holds the session."""
+        self._deferred.append((fn, args))
+        if len(self._deferred) >= DEFER_LIMIT:
+            self.run_deferred(block=False)
+
+    def run_deferred(self, block: bool = True) -> None:
+        """Run what ``defer`` queued (a loader's pass runs its own at its end); with ``block``
+        False, not if a fold holds the session now."""
+        if not self._lock.acquire(blocking=block):
+            return
+        try:
+            while self._deferred:
+                fn, args = self._deferred.popleft()
+                fn(*args)
+        finally:
+            self._lock.release()
+
     @property
     def pending_events(self) -> int:
         """Records queued and not folded in yet."""
@@ -222,6 +252,7 @@ class Session:
         """Fold the queued drains into ``stages`` and ``events`` (their spans wait, packed, for
         ``settled``); with ``chunk``, about that many records at a time, letting other threads
         run in between."""
+        self.run_deferred()
         while self._pending:
             with self._lock:
                 taken: list[dict[str, Any]] = []

@@ -11,9 +11,11 @@ The carrier travels through the loader's own result queue, is pinned by the pin-
 before the user sees the batch. There is no second channel, nothing to deadlock, and every record
 belongs exactly to the batch it came with. The records travel packed as bytes and are folded into
 the session later, off the loop's path (NOTE [ Deferred aggregation ] in core/session.py): inside
-``next()`` the main process pays an unpickled copy, a queue append and a few sums per batch, and
-measures that (``costs["main_ns"]``) to leave it out of the wait it reports. What a worker does
-after a batch is ready (packing its records, a few µs) lands in that batch's hand-over.
+``next()`` the main process pays an unpickled copy, a queue append and the split of the batch's
+wait, and measures that (``costs["main_ns"]``) to leave it out of the wait it reports; the rest
+of the batch's bookkeeping (``_book``) runs at the pass's end, for all its batches at once.
+What a worker does after a batch is ready (packing its records, a few µs) lands in that batch's
+hand-over.
 
 NOTE [ Wait, split ]
 A worker stamps the moment its batch is ready (``end_ns``, right after ``collate_fn``;
@@ -503,6 +505,7 @@ class ProfiledLoader:
         self.own_ns = 0  # pipeprof's own time on this thread, inside next() (not the user's)
         self.transfer_ns = 0  # time spent moving batches to ``device`` so far
         self.last_starved = 0  # the last batch's wait until it was ready (NOTE [ Wait, split ])
+        self._samples = 0  # the last batch's samples
         self.limit = limit  # the batches a pass will take, where known beforehand
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self._swapped: list[Any] = []  # the stand-ins an unprofiled batch set aside
@@ -589,7 +592,6 @@ class ProfiledLoader:
                             rec.enabled = True
                         if nv is not None:
                             nv.pop()
-                    n0 = s.samples
                     n = _COLLATED[0] if off else None
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span, n)
                     if first:  # in this batch's bookkeeping, not in its wait
@@ -597,7 +599,7 @@ class ProfiledLoader:
                     first = False
                     if measure or off:
                         arm = ("ab_off" if off else "ab_on") if measure else "ab_cold"
-                        self._ab_add(arm, cpu, s.samples - n0)
+                        s.defer(self._ab_add, arm, cpu, self._samples)
                     copy_ns = 0
                     if self.h2d is not None:
                         if nv is not None:
@@ -611,7 +613,7 @@ class ProfiledLoader:
                     self._merge_main(rec)
                     own = clock() - t1 - copy_ns  # pipeprof's bookkeeping for this batch
                     self.own_ns += own
-                    self.session.add_cost("main_ns", own)
+                    s.defer(s.add_cost, "main_ns", own)
                 finally:
                     rec.leave(before)
                 yield batch
@@ -721,10 +723,14 @@ class ProfiledLoader:
                 self.session.merge(payload)
 
     def flush(self) -> None:
-        """Bring in what the main process recorded (transfers, the user's own stages). The
+        """Bring in what the main process recorded (transfers, the user's own stages), and the
+        bookkeeping of this pass's batches (deferred: ``_unpack``). The
         queued records are folded when the profile stops, not at each pass's end (NOTE
         [ Deferred aggregation ] in core/session.py)."""
         rec = recorder()
+        cpu0 = time.thread_time_ns()  # the batches' bookkeeping, deferred to here: a fold's
+        self.session.run_deferred()
+        self.session.add_cost("settle_ns", time.thread_time_ns() - cpu0)
         if self.h2d is not None:
             before = rec.enter(self._sinks[0])
             try:
@@ -742,21 +748,44 @@ class ProfiledLoader:
         span: str,
         samples: int | None = None,
     ) -> Any:
+        """The user's batch out of ``carrier``; what this batch says about the pipeline is queued
+        (``_book``, deferred: NOTE [ Deferred aggregation ] in core/session.py), but for how long
+        it kept the loop starved, which the step that gets it reads now."""
         s = self.session
         if not isinstance(carrier, Carrier):  # the user's own loader (see ``own_iteration``),
             # or a batch fetched unprofiled (``samples``: NOTE [ Unprofiled batches ])
-            n = samples if samples is not None else batch_size(carrier)
-            s.add_batch(t0, t1, n, t_iter, span)
+            n = self._samples = samples if samples is not None else batch_size(carrier)
+            s.defer(s.add_batch, t0, t1, n, t_iter, span)
             self.last_starved = t1 - t0  # not known: all of it, as the verdict read it before
             return carrier
         payload = carrier.payload
+        if payload.get("ab") not in ("off", "cold"):  # an unprofiled batch has no records
+            s.merge(payload)
+        # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
+        starved = min(max(0, payload["end_ns"] - t0), t1 - t0)
+        self.last_starved = starved
+        self._samples = payload["samples"]
+        s.defer(self._book, payload, t0, t1, t_iter, span, carrier.pin_ns, starved)
+        if not (self.seen - 1) % BYTES_EVERY:  # ``seen`` counts this batch already
+            s.batch_bytes.add(batch_nbytes(carrier.batch))
+        return carrier.batch
+
+    def _book(
+        self,
+        payload: dict[str, Any],
+        t0: int,
+        t1: int,
+        t_iter: int | None,
+        span: str,
+        pin_ns: int,
+        starved: int,
+    ) -> None:
+        """A batch's bookkeeping, run when the session settles: its worker's busy time and CPU,
+        pipeprof's costs, the probe, the unprofiled batches' comparison and the batch's wait."""
+        s = self.session
         arm = payload.get("ab")  # NOTE [ Unprofiled batches ], measured in a worker
         unprofiled = arm in ("off", "cold")
-        events = 0
-        if not unprofiled:  # an unprofiled batch has no records
-            s.merge(payload)
-            if payload["track"] != "main":
-                events = payload["events"]
+        events = 0 if unprofiled or payload["track"] == "main" else payload["events"]
         w = s.worker(payload["track"], payload["pid"])
         ready = payload["end_ns"]
         busy = ready - (payload["first_ns"] or ready)
@@ -773,15 +802,9 @@ class ProfiledLoader:
                 s.probe_warm.add(warm_ns)
         if arm is not None and "cpu_ns" in payload:
             self._ab_add(f"abw_{arm}", payload["cpu_ns"], payload["samples"])
-        if carrier.pin_ns and not unprofiled:  # an unprofiled batch has no stage records
-            s.add("main", "transfer/pin", carrier.pin_ns)
-        # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
-        starved = min(max(0, ready - t0), t1 - t0)
-        self.last_starved = starved
+        if pin_ns and not unprofiled:  # an unprofiled batch has no stage records
+            s.add("main", "transfer/pin", pin_ns)
         s.add_batch(t0, t1, payload["samples"], t_iter, span, payload["track"], busy, starved)
-        if not s.batches % BYTES_EVERY or s.batches == 1:
-            s.batch_bytes.add(batch_nbytes(carrier.batch))
-        return carrier.batch
 
 
 def own_iteration(loader: DataLoader) -> list[str]:
