@@ -609,3 +609,24 @@ def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_pa
     assert session.costs["ab_off_batches"] == 66 - 8 - 1 and session.costs["ab_cold_batches"] == 1
     with session.settled():
         assert session.stages["main"]["load/decode"].count == 8
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_pipeprofs_own_source_is_cached_before_workers_fork(ctx):
+    """NOTE [ The stack a forked worker formats ]: torch formats the stack a forked worker was
+    born in (seeding it); pipeprof's files on that stack are read in the training process once,
+    not in every worker. A spawned worker starts afresh: nothing to cache."""
+    import linecache
+
+    import pipeprof.collect.torch.loader as loader_module
+    import pipeprof.profiler as profiler_module
+
+    ours = [loader_module.__file__, profiler_module.__file__]
+    for name in ours:
+        linecache.cache.pop(name, None)
+    prof = pipeprof.Profiler(sample_hz=0)
+    loader = DataLoader(list(range(16)), batch_size=4, num_workers=1, multiprocessing_context=ctx)
+    with prof:
+        assert sum(1 for _ in prof.wrap(loader)) == 4
+    cached = [name in linecache.cache for name in ours]
+    assert cached == ([True, True] if ctx == "fork" else [False, False])
