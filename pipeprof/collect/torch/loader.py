@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
@@ -58,7 +58,6 @@ from pipeprof.core.recorder import (
 )
 from pipeprof.core.session import Session
 
-_T = TypeVar("_T")
 # Named like torch.profiler's own span so that traces line up.
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
@@ -77,19 +76,25 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 #   batches from its start, and its CPU per batch (``cpu_ns``, which every payload carries) is
 #   compared; costs ``abw_*``. Also from the second pass of a loop over a shorter loader's epochs;
 #   workers that persist keep the rule they were started with. An unprofiled batch still travels
-#   in a Carrier, with no records, so its wait splits and its worker's busy time counts as a
-#   profiled one's do.
+#   in a Carrier, with no records and its figures in a tuple (``Collate``), so its wait splits
+#   and its worker's busy time counts as a profiled one's do.
 SAMPLE_MIN_BATCHES = 16
 _AB_PARTS = ("batches", "samples", "ns", "q", "qq")
 _AB_KEYS: dict[str, tuple[str, ...]] = {}  # arm -> its keys in ``costs``, one per part
 
 
+# A worker's unprofiled batch's figures (NOTE [ Unprofiled batches ]): its track, pid, when its
+# fetch began and when it was ready, its samples, its arm and its CPU since the previous batch
+OffFigures = tuple[str, int, int, int, int, "str | None", "int | None"]
+
+
 class Carrier:
-    """A batch and the records of the process that made it (see NOTE above)."""
+    """A batch and the records of the process that made it (see NOTE above): a recorder's drain
+    (a dict), or an unprofiled batch's figures alone (a tuple, cheaper to pickle)."""
 
     __slots__ = ("batch", "payload", "pin_ns")
 
-    def __init__(self, batch: Any, payload: dict[str, Any]) -> None:
+    def __init__(self, batch: Any, payload: dict[str, Any] | OffFigures) -> None:
         self.batch = batch
         self.payload = payload
         self.pin_ns = 0
@@ -111,7 +116,7 @@ class Carrier:
         return (_rebuild, (self.batch, self.payload, self.pin_ns))
 
 
-def _rebuild(batch: Any, payload: dict[str, Any], pin_ns: int) -> Carrier:
+def _rebuild(batch: Any, payload: dict[str, Any] | OffFigures, pin_ns: int) -> Carrier:
     c = Carrier(batch, payload)
     c.pin_ns = pin_ns
     return c
@@ -199,15 +204,6 @@ def _end_off() -> None:
         recorder().enabled = True
 
 
-def _unprofiled(fetch: Callable[[], _T]) -> _T:
-    """A worker's unprofiled batch fetched; if that fails, the stand-ins and recorder back."""
-    try:
-        return fetch()
-    except BaseException:
-        _end_off()
-        raise
-
-
 class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
     """Times ``dataset[i]`` as ``load`` (its transform, timed apart, is subtracted).
 
@@ -227,7 +223,11 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
         if not recorder().enabled:
             return [get(i) for i in indices]
         if "_ab" in self.__dict__ and self._off_batch():
-            return _unprofiled(lambda: [get(i) for i in indices])
+            try:
+                return [get(i) for i in indices]
+            except BaseException:
+                _end_off()  # the stand-ins and the recorder back
+                raise
         return [timed_call1("load", get, i) for i in indices]
 
     def _off_batch(self) -> bool:
@@ -258,7 +258,11 @@ class MapDatasetItems(MapDataset):
         if not rec.enabled:
             return self._inner.__getitems__(indices)
         if "_ab" in self.__dict__ and self._off_batch():
-            return _unprofiled(lambda: self._inner.__getitems__(indices))
+            try:
+                return self._inner.__getitems__(indices)
+            except BaseException:
+                _end_off()  # the stand-ins and the recorder back
+                raise
         frame = rec.open("load")
         try:
             return self._inner.__getitems__(indices)
@@ -309,13 +313,12 @@ class Collate:
                 batch = self.fn(samples)
             finally:
                 _end_off()
-            payload = {
-                "raw": {}, "track": rec.track, "pid": rec.pid, "first_ns": off[0], "events": 0,
-                "end_ns": clock(), "samples": n, "cost_ns": 0, "ab": _ARM[0],
-            }  # fmt: skip
-            _ARM[0] = None
-            _mark_cpu(payload)
-            return Carrier(batch, payload)
+            end = clock()
+            arm, _ARM[0] = _ARM[0], None
+            now = time.process_time_ns()  # _mark_cpu, inline: NOTE [ Unprofiled batches ]
+            cpu = now - _CPU_MARK[0] if _CPU_MARK[0] else None
+            _CPU_MARK[0] = now
+            return Carrier(batch, (rec.track, rec.pid, off[0], end, n, arm, cpu))
         probe_ns, warm_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
@@ -762,8 +765,15 @@ class ProfiledLoader:
             self.last_starved = t1 - t0  # not known: all of it, as the verdict read it before
             return carrier
         payload = carrier.payload
-        if payload.get("ab") not in ("off", "cold"):  # an unprofiled batch has no records
-            s.merge(payload)
+        if isinstance(payload, tuple):  # a worker's unprofiled batch: its figures, no records
+            ready, self._samples = payload[3], payload[4]
+            starved = min(max(0, ready - t0), t1 - t0)
+            self.last_starved = starved
+            s.defer(self._book_off, payload, t0, t1, t_iter, span, starved)
+            if not (self.seen - 1) % BYTES_EVERY:  # ``seen`` counts this batch already
+                s.batch_bytes.add(batch_nbytes(carrier.batch))
+            return carrier.batch
+        s.merge(payload)  # a profiled batch's records
         # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
         starved = min(max(0, payload["end_ns"] - t0), t1 - t0)
         self.last_starved = starved
@@ -787,8 +797,7 @@ class ProfiledLoader:
         pipeprof's costs, the probe, the unprofiled batches' comparison and the batch's wait."""
         s = self.session
         arm = payload.get("ab")  # NOTE [ Unprofiled batches ], measured in a worker
-        unprofiled = arm in ("off", "cold")
-        events = 0 if unprofiled or payload["track"] == "main" else payload["events"]
+        events = 0 if payload["track"] == "main" else payload["events"]
         w = s.worker(payload["track"], payload["pid"])
         ready = payload["end_ns"]
         busy = ready - (payload["first_ns"] or ready)
@@ -805,9 +814,33 @@ class ProfiledLoader:
                 s.probe_warm.add(warm_ns)
         if arm is not None and "cpu_ns" in payload:
             self._ab_add(f"abw_{arm}", payload["cpu_ns"], payload["samples"])
-        if pin_ns and not unprofiled:  # an unprofiled batch has no stage records
+        if pin_ns:
             s.add("main", "transfer/pin", pin_ns)
         s.add_batch(t0, t1, payload["samples"], t_iter, span, payload["track"], busy, starved)
+
+    def _book_off(
+        self,
+        payload: OffFigures,
+        t0: int,
+        t1: int,
+        t_iter: int | None,
+        span: str,
+        starved: int,
+    ) -> None:
+        """``_book`` for a worker's unprofiled batch, whose figures travel as a tuple (``Collate``):
+        its track, pid, first and ready stamps, samples, arm and CPU."""
+        s = self.session
+        track, pid, first_ns, ready, samples, arm, cpu = payload
+        w = s.worker(track, pid)
+        busy = ready - (first_ns or ready)
+        w.busy_ns += busy
+        w.batches += 1
+        w.samples += samples
+        if cpu is not None:
+            w.cpu_ns += cpu
+            if arm is not None:
+                self._ab_add(f"abw_{arm}", cpu, samples)
+        s.add_batch(t0, t1, samples, t_iter, span, track, busy, starved)
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
