@@ -5,7 +5,8 @@ Measures, in the current process:
   (a) ``Recorder.open`` + ``Recorder.close``: the primitive behind every stage;
   (b) ``pipeprof.core.recorder.timed_call1`` around a no-op, minus calling the no-op directly
       (what a transform, ``collate`` or a ``Timed`` wrapper pays), also with no profile active;
-  (c) ``with pipeprof.stage(name):`` around nothing, enabled and disabled;
+  (c) ``with pipeprof.stage(name):`` around nothing, enabled and disabled, and a no-op decorated
+      with ``@pipeprof.stage(name)``, called, minus calling the no-op directly;
   (d) ``Recorder.drain`` (the aggregation into ``Stat``s a worker runs once per batch), amortised
       per event, for a batch-shaped drain and for one bulk drain; plus what the main process does
       per batch with a worker's drain (unpickle + ``Session.merge``);
@@ -65,8 +66,9 @@ HOT: list[tuple[str, str, str]] = [
     ("timed_call_off", "timed_call1('region', noop, x)", "(b) timed_call1, no profile active"),
     ("stage", "with stage('region'):\n    pass", "(c) with pipeprof.stage(name), enabled"),
     ("stage_off", "with stage('region'):\n    pass", "(c) with pipeprof.stage(name), disabled"),
+    ("stage_fn", "decorated(x)", "(c) @pipeprof.stage(name) on noop, called, enabled"),
 ]
-ENABLED = {"open_close", "timed_call", "timed_wrapper", "stage"}
+ENABLED = {"open_close", "timed_call", "timed_wrapper", "stage", "stage_fn"}
 
 
 def _hot_namespace() -> dict[str, Any]:
@@ -83,6 +85,7 @@ def _hot_namespace() -> dict[str, Any]:
         "timed_call1": timed_call1,
         "stage": pipeprof.stage,
         "wrapped": Timed(noop, "transform/noop"),
+        "decorated": pipeprof.stage("region")(noop),
     }
 
 
@@ -265,6 +268,12 @@ def run(reps: int, number: int, drains: int, verbose: bool = True) -> dict[str, 
         a + b for a, b in zip(per_rep["open_close"], per_rep["drain_batch"])
     ]
     per_rep["stage_total"] = [a + b for a, b in zip(per_rep["stage"], per_rep["drain_batch"])]
+    per_rep["stage_fn_added"] = [
+        a - b for a, b in zip(per_rep["stage_fn"], per_rep["noop_direct"])
+    ]
+    per_rep["stage_fn_total"] = [
+        a + b for a, b in zip(per_rep["stage_fn_added"], per_rep["drain_batch"])
+    ]
     _, payload_bytes = _time_worker_pickle(batch_raw(), 1)
     summary: dict[str, dict[str, Any]] = {}
     for name, vals in per_rep.items():
@@ -316,6 +325,8 @@ ROWS = [
     ("stage", "with stage(): (hot path)"),
     ("stage_total", "with stage(): + drain share"),
     ("stage_off", "with stage():, profile off"),
+    ("stage_fn_added", "@stage() function, over noop(x)"),
+    ("stage_fn_total", "@stage() function + drain share"),
     ("(d) aggregation, per event", None),
     ("drain_batch", "drain, batch-shaped"),
     ("drain_bulk", "drain, 20 000 events, 1 path"),

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+import pipeprof
+
 
 def spin(ms: float) -> None:
     end = time.perf_counter_ns() + int(ms * 1e6)
@@ -363,3 +365,25 @@ class SaysItsProbeBase(Dataset):
         from pipeprof.core import recorder
 
         return torch.tensor(list(recorder._PROBE_BASE) or [-1])
+
+
+@pipeprof.stage("decode")
+def decode(x: int) -> torch.Tensor:
+    """A module-level function decorated as a stage: spawned workers find it by name."""
+    spin(1.0)
+    return torch.full((2,), float(x))
+
+
+class DecoratedStages(Dataset):
+    """Its stages are decorated: a module-level function, a method, and one called with
+    several arguments (``@pipeprof.stage``)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    @pipeprof.stage("augment")
+    def augment(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return x * scale
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.augment(decode(i), scale=2.0)

@@ -173,3 +173,29 @@ def test_stages_in_helper_threads_nest_under_the_pipeline_stage():
         rec.reset("main")
     assert sorted(stats) == ["load", "load/decode", "load/decode/huffman"]
     assert stats["load/decode"].count == 400 and stats["load/decode/huffman"].count == 400
+
+
+def test_a_decorated_function_is_a_relative_stage_wherever_it_is_called(fake):
+    """``@pipeprof.stage(name)``: each call is the stage ``name`` under whatever stage is open,
+    as ``with pipeprof.stage(name)`` would be (its last path is reused only under the same
+    parent), with one argument, several, or keywords; its result and exceptions pass through."""
+    rec = recorder()
+
+    @pipeprof.stage("decode")
+    def decode(x, extra=0):
+        fake.now += 1_000 + extra
+        if x is None:
+            raise KeyError("bad sample")
+        return x
+
+    assert decode(1) == 1  # top level: "decode"
+    frame = rec.open("load")
+    assert decode(2) == 2 and decode(3, 500) == 3 and decode(4, extra=500) == 4  # load/decode
+    rec.close(frame, detach=True)
+    assert decode(5) == 5  # top level again, after load/decode
+    with pipeprof.stage("outer"), pytest.raises(KeyError, match="bad sample"):
+        decode(None)
+    stats = stats_of(rec.drain())
+    assert stats["decode"].count == 2 and stats["decode"].total_ns == 2_000
+    assert stats["load/decode"].count == 3 and stats["load/decode"].total_ns == 4_000
+    assert stats["outer/decode"].count == 1 and stats["load"].total_ns == 4_000

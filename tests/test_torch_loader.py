@@ -630,3 +630,28 @@ def test_pipeprofs_own_source_is_cached_before_workers_fork(ctx):
         assert sum(1 for _ in prof.wrap(loader)) == 4
     cached = [name in linecache.cache for name in ours]
     assert cached == ([True, True] if ctx == "fork" else [False, False])
+
+
+@pytest.mark.parametrize("ctx", [None, "fork", "spawn"])
+def test_decorated_stages_time_every_call_in_workers_and_keep_the_results(ctx):
+    """``@pipeprof.stage(name)`` on a module-level function and on a method (called with a
+    keyword): each call is the stage ``load/<name>``, in the training process and in forked and
+    spawned workers (which find the decorated function by name), and returns what it would."""
+    import pickle
+
+    from pipelines import DecoratedStages, decode
+
+    assert pickle.loads(pickle.dumps(decode)) is decode  # by name, as the function would be
+    assert decode.__name__ == "decode" and decode(3).tolist() == [3.0, 3.0]  # no profile: as is
+    workers = 0 if ctx is None else 2
+    loader = DataLoader(
+        DecoratedStages(), batch_size=4, num_workers=workers, multiprocessing_context=ctx
+    )
+    assert [b.tolist() for b in batches_of(loader, profiled=True)] == [
+        b.tolist() for b in batches_of(loader, profiled=False)
+    ]
+    stages = pipeprof.profile(loader)["stages"]
+    assert stages["load/decode"]["count"] == 12 and stages["load/augment"]["count"] == 12
+    assert 0.9 <= stages["load/decode"]["mean_ms"] < 5  # a 1 ms spin
+    with pytest.raises(TypeError, match="decorates a callable"):
+        pipeprof.stage("x")(42)
