@@ -52,6 +52,7 @@ keep their own records. A stage records into the sink its thread had when it ope
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import struct
 import sys
@@ -340,10 +341,10 @@ class stage:
 
 
 class _StageFn(functools.partial):  # type: ignore[type-arg]
-    """``fn`` decorated with ``@stage(name)``: a ``functools.partial`` of ``stage_call1``, so a call
-    of one positional argument runs no Python frame of its own; others go through ``_Call``.
-    Binds as a method (``__get__``) and pickles by name where it is what its module holds, as the
-    function it replaces would (spawned workers find it there)."""
+    """``fn`` decorated with ``@stage(name)``: a ``functools.partial`` of ``_stage_fn_call``, so a
+    call runs no Python frame of its own before the timed region. Binds as a method (``__get__``)
+    and pickles by name where it is what its module holds, as the function it replaces would
+    (spawned workers find it there)."""
 
     def __new__(cls, name: str, fn: Any) -> _StageFn:
         self = super().__new__(cls, _stage_fn_call, name, fn, [(None, name)])
@@ -369,7 +370,7 @@ class _StageFn(functools.partial):  # type: ignore[type-arg]
 
 
 def _from_module(module: str, qualname: str) -> Any:
-    target: Any = sys.modules[module] if module in sys.modules else __import__(module)
+    target: Any = importlib.import_module(module)
     for part in qualname.split("."):
         target = getattr(target, part)
     return target
