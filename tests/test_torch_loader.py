@@ -632,6 +632,7 @@ def test_pipeprofs_own_source_is_cached_before_workers_fork(ctx):
     assert cached == ([True, True] if ctx == "fork" else [False, False])
 
 
+@pytest.mark.timing  # a 1 ms spin, timed on a shared machine
 @pytest.mark.parametrize("ctx", [None, "fork", "spawn"])
 def test_decorated_stages_time_every_call_in_workers_and_keep_the_results(ctx):
     """``@pipeprof.stage(name)`` on a module-level function and on a method (called with a
