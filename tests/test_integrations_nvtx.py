@@ -36,8 +36,8 @@ ORIGINAL_METHODS = (Recorder.open, Recorder.close, Recorder.discard, stage.__ent
 
 
 class Images(Dataset):
-    """Small tensors through a Compose, an ImageFolder-style ``loader`` (``load/fetch``) and a
-    user stage inside ``__getitem__``."""
+    """Small tensors through a Compose, an ImageFolder-style ``loader`` (``load/fetch``), a user
+    stage inside ``__getitem__`` and a decorated one (``load/fill``)."""
 
     def __init__(self, n: int) -> None:
         self.samples = list(range(n))
@@ -51,11 +51,16 @@ class Images(Dataset):
         raw = self.loader(self.samples[i])
         with pipeprof.stage("decode"):
             x = torch.full((4,), raw)
-        return self.transform(x), i % 2
+        return self.transform(_fill(x, scale=1.0)), i % 2
 
 
 def fetch(i: int) -> float:
     return float(i)
+
+
+@pipeprof.stage("fill")
+def _fill(x, scale):  # a decorated stage, called with a keyword: load/fill
+    return x * scale
 
 
 def _double(x):
@@ -140,7 +145,7 @@ def test_forced_ranges_in_workers_and_loop_are_balanced(seen):
     assert len(pushed) == 2  # both workers emitted
     every = Counter(name for names in pushed.values() for name in names)
     assert every == {
-        "load": 24, "load/fetch": 24, "load/decode": 24, "transform/Lambda": 24,
+        "load": 24, "load/fetch": 24, "load/decode": 24, "load/fill": 24, "transform/Lambda": 24,
         "transform/_Scale": 24, "collate": 6,
     }  # fmt: skip
     # the report is what it is without ranges: same stages and counts, worker records intact
@@ -155,7 +160,7 @@ def test_forced_ranges_in_process_with_no_workers(seen):
     assert list(pushed) == [os.getpid()]
     names = Counter(pushed[os.getpid()])
     assert names["wait"] == 3  # two batches and the StopIteration
-    assert names["load"] == names["load/fetch"] == names["load/decode"] == 8
+    assert names["load"] == names["load/fetch"] == names["load/decode"] == names["load/fill"] == 8
     assert names["transform/Lambda"] == names["transform/_Scale"] == 8
     assert names["collate"] == 2 and "compute" not in names  # profile(): no training step
     assert report["stages"]["load/decode"]["count"] == 8

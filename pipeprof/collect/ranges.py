@@ -275,10 +275,12 @@ def _timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any
         raw += (start, own)
 
 
-def _stage_call1(name: str, fn: Any, x: Any) -> Any:
+def _stage_call1(name: str, fn: Any, x: Any = _ONE, /, *a: Any, **k: Any) -> Any:
     """``core.recorder.stage_call1`` with an NVTX range around the timed call."""
     rec = _recorder
     if not rec.enabled:
+        if a or k or x is _ONE:
+            return fn(*a, **k) if x is _ONE else fn(x, *a, **k)
         return fn(x)
     st = rec._local.st
     sink = st.sink
@@ -298,6 +300,8 @@ def _stage_call1(name: str, fn: Any, x: Any) -> Any:
     ranges.push(attrs)
     start = clock()
     try:
+        if a or k or x is _ONE:
+            return fn(*a, **k) if x is _ONE else fn(x, *a, **k)
         return fn(x)
     finally:
         dur = clock() - start

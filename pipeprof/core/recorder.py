@@ -291,8 +291,8 @@ class stage:
     ``decode``. A name may itself contain ``/``. Outside a profile this costs next to nothing.
 
     As a decorator, ``@pipeprof.stage("decode")``, every call of the function is the stage: a
-    call with one positional argument goes from C straight into the timed region, 0.48 µs all
-    in against a ``with`` block's 0.80 here (``benchmarks/region_cost.py``, docs/overhead.md).
+    call with one positional argument goes from C straight into the timed region, 0.50 µs all
+    in against a ``with`` block's 0.79 here (``benchmarks/region_cost.py``, docs/overhead.md).
     """
 
     __slots__ = ("d0", "name", "path", "prev", "sink", "st", "start")
@@ -341,13 +341,14 @@ class stage:
 
 
 class _StageFn(functools.partial):  # type: ignore[type-arg]
-    """``fn`` decorated with ``@stage(name)``: a ``functools.partial`` of ``_stage_fn_call``, so a
-    call runs no Python frame of its own before the timed region. Binds as a method (``__get__``)
+    """``fn`` decorated with ``@stage(name)``: a ``functools.partial`` of ``stage_call1``, so a
+    call runs no Python frame of its own before the timed region (and NVTX ranges, which swap
+    ``stage_call1``'s code, cover it). Binds as a method (``__get__``)
     and pickles by name where it is what its module holds, as the function it replaces would
     (spawned workers find it there)."""
 
     def __new__(cls, name: str, fn: Any) -> _StageFn:
-        self = super().__new__(cls, _stage_fn_call, name, fn, [(None, name)])
+        self = super().__new__(cls, stage_call1, name, fn)
         functools.update_wrapper(self, fn)
         return self
 
@@ -362,10 +363,10 @@ class _StageFn(functools.partial):  # type: ignore[type-arg]
             target = getattr(target, part, None)
         if target is self:  # by name, as a function is
             return (_from_module, (module, qualname))
-        return (_StageFn, self.args[:2])
+        return (_StageFn, self.args)
 
     def __repr__(self) -> str:
-        name, fn, _ = self.args
+        name, fn = self.args
         return f"<stage {name!r} of {fn!r}>"
 
 
@@ -429,10 +430,12 @@ def timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any)
 _probe_call1 = types.FunctionType(timed_call1.__code__, timed_call1.__globals__, "_probe_call1")
 
 
-def _stage_fn_call(name: str, fn: Any, last: list[Any], x: Any = _ONE, /, *a: Any, **k: Any) -> Any:
-    """``stage_call1`` for ``@stage(name)``: ``last[0]`` holds the parent path it last ran under
-    and the path that made, so a function called again under the same stage skips the look-up
-    (``(None, name)`` at first: at the top level, with no stage open, the path is ``name``)."""
+def stage_call1(name: str, fn: Any, x: Any = _ONE, /, *a: Any, **k: Any) -> Any:
+    """``fn(x)`` timed as the relative stage ``name`` (``load/read`` inside ``load``): what
+    ``with pipeprof.stage(name)`` records, on the hot path of pipeprof's own split stages and
+    of ``@pipeprof.stage(name)`` (a method, or more arguments: ``fn(x, *a, **k)``). The path
+    it made last for ``name`` is kept with its parent (``_LAST``): called again under the same
+    stage, it skips the look-up."""
     rec = _recorder
     if not rec.enabled:
         if a or k or x is _ONE:
@@ -442,51 +445,19 @@ def _stage_fn_call(name: str, fn: Any, last: list[Any], x: Any = _ONE, /, *a: An
     sink = st.sink
     prev = st.path
     parent = prev if prev is not None else rec._main.path
-    seen, path = last[0]  # one read: another thread may set it meanwhile
+    seen, path = _LAST.get(name, _UNSEEN)  # one read: another thread may set it meanwhile
     if seen is not parent:
         try:
             path = _CHILD[parent, name]
         except KeyError:
             path = _child((parent, name))
-        last[0] = (parent, path)
+        _LAST[name] = (parent, path)
     d0 = st.detached
     st.path = path
     start = clock()
     try:
-        if a or k or x is _ONE:  # a method (its self), or more than one argument
+        if a or k or x is _ONE:
             return fn(*a, **k) if x is _ONE else fn(x, *a, **k)
-        return fn(x)
-    finally:
-        dur = clock() - start
-        st.path = prev
-        own = dur + d0 - st.detached
-        if prev is None:
-            st.detached = 0
-        try:
-            raw = sink[path]
-        except KeyError:
-            raw = sink[path] = []
-        raw += (start, own)
-
-
-def stage_call1(name: str, fn: Any, x: Any) -> Any:
-    """``fn(x)`` timed as the relative stage ``name`` (``load/read`` inside ``load``): what
-    ``with pipeprof.stage(name)`` records, on the hot path of pipeprof's own split stages."""
-    rec = _recorder
-    if not rec.enabled:
-        return fn(x)
-    st = rec._local.st
-    sink = st.sink
-    prev = st.path
-    key = (prev if prev is not None else rec._main.path, name)
-    try:
-        path = _CHILD[key]
-    except KeyError:
-        path = _child(key)
-    d0 = st.detached
-    st.path = path
-    start = clock()
-    try:
         return fn(x)
     finally:
         dur = clock() - start
@@ -502,6 +473,8 @@ def stage_call1(name: str, fn: Any, x: Any) -> Any:
 
 
 _CHILD: dict[tuple[str | None, str], str] = {}  # (parent path, name) -> child path
+_LAST: dict[str, tuple[Any, str]] = {}  # name -> (parent path, child path), the last made
+_UNSEEN = (object(), "")  # ``_LAST``'s default: a parent no path is
 
 
 def _child(key: tuple[str | None, str]) -> str:
