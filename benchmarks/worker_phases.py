@@ -2,9 +2,10 @@
 
 Usage: python benchmarks/worker_phases.py [--rounds 12] [--batches 8]
 
-A loader of cheap samples (a 4-float tensor each, batch 32, 2 forked workers started afresh
-every epoch) runs one epoch plain and one under ``pipeprof.Profiler(sample_hz=0).wrap(loader)``
-per round, in an order alternated from round to round. Inside each worker, the steps of torch's
+``worker_start.py``'s loader of cheap samples (a 4-float tensor each, batch 32, 2 forked
+workers started afresh every epoch) runs one epoch plain and one under
+``pipeprof.Profiler(sample_hz=0).wrap(loader)`` per round, in an order alternated from round to
+round. Inside each worker, the steps of torch's
 ``_worker_loop`` are bracketed (the worker's main-thread CPU clock and its minor page faults,
 ``RUSAGE_THREAD``): ``torch.set_num_threads``, ``random.seed``, ``torch.manual_seed`` (which,
 where CUDA is not initialised, formats the stack the worker was forked in: NOTE [ The stack a
@@ -16,7 +17,6 @@ the medians over the workers, plain and profiled, and their difference.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import random
 import resource
 import statistics
@@ -27,12 +27,11 @@ from typing import Any
 import torch
 import torch.utils.data._utils.fetch as torch_fetch
 import torch.utils.data._utils.worker as torch_worker
-from torch.utils.data import DataLoader, Dataset, _DatasetKind
+import worker_start  # its cheap loader's epochs, plain and profiled (benchmarks/ on sys.path)
+from torch.utils.data import _DatasetKind
 
-import pipeprof
 from pipeprof.collect.torch import loader as pipeprof_loader
 
-_PIPE: list[Any] = []
 _MARKS: list[tuple[str, int, int]] = []
 _ORIGINAL = torch_worker._worker_loop
 
@@ -61,40 +60,7 @@ def _worker_loop(*args: Any, **kwargs: Any) -> Any:
         return _ORIGINAL(*args, **kwargs)
     finally:
         _mark("end")
-        _PIPE[1].send(list(_MARKS))
-
-
-class Cheap(Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        return torch.zeros(4), i
-
-
-def epoch(batches: int, profiled: bool) -> list[list[tuple[str, int, int]]]:
-    recv, send = multiprocessing.get_context("fork").Pipe(duplex=False)
-    _PIPE[:] = [recv, send]
-    loader = DataLoader(
-        Cheap(32 * batches), batch_size=32, num_workers=2, multiprocessing_context="fork"
-    )
-    if profiled:
-        prof = pipeprof.Profiler(sample_hz=0)
-        with prof:
-            for _ in prof.wrap(loader):
-                pass
-    else:
-        for _ in loader:
-            pass
-    out = []
-    while len(out) < 2 and recv.poll(5.0):
-        out.append(recv.recv())
-    recv.close()
-    send.close()
-    return out
+        worker_start._PIPE[1].send(list(_MARKS))  # its epoch() set the pipe up
 
 
 def steps(marks: list[tuple[str, int, int]]) -> dict[str, tuple[int, int]]:
@@ -136,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[bool, list[dict[str, tuple[int, int]]]] = {False: [], True: []}
     for r in range(args.rounds + 1):
         for profiled in (False, True) if r % 2 else (True, False):
-            workers = epoch(args.batches, profiled)
+            workers = worker_start.epoch(args.batches, profiled)
             if r:  # the first round warms up
                 runs[profiled] += [steps(m) for m in workers]
     names = list(dict.fromkeys(k for w in runs[True] + runs[False] for k in w))
