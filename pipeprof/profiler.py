@@ -20,6 +20,7 @@ from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
 from pipeprof.core.recorder import STAGE_EVERY, clock, measure_overhead, recorder
 from pipeprof.core.session import Session, check_writable
+from pipeprof.core.stats import Stat
 from pipeprof.report import Report
 
 
@@ -137,7 +138,7 @@ class Profiler:
         self._cpu0 = 0
         self._cached: list[Any] = []
         self._twins: list[tuple[Any, Any]] = []
-        self._gpu_events: list[tuple[Any, Any]] = []
+        self._gpu_events: list[tuple[Any, Any, bool]] = []  # (start, end, a start-up step)
         self._stream_failed = False
         self._compute_cpu_ns = 0  # the process's CPU time while the loop computed
         self._comm: CommClock | None = None
@@ -187,6 +188,8 @@ class Profiler:
             ranges.uninstall()
         self.timer.flush()
         self._resolve_gpu(block=True)
+        if self._comm is not None:
+            self._comm.resolve(block=True)
         self._steps_log.fold()
         s = self.session
         s.end_ns = clock()
@@ -240,12 +243,15 @@ class Profiler:
 
     def comm_clock(self) -> CommClock:
         """Where DDP's all-reduce intervals for this Profiler's steps are kept."""
-        if self._comm is None:
-            self._comm = CommClock()
+        if self._comm is None:  # GPU buckets' CUDA events where compute has them too
+            cuda = self.timer.backend == "cuda"
+            self._comm = CommClock(events=self.timer._factory if cuda else None)
         return self._comm
 
     def _comm_meta(self) -> None:
         if self._comm is not None:
+            if self._running:
+                self._comm.resolve(block=False)
             self.session.meta["comm"] = self._comm.to_dict()
 
     # ---- the data ---------------------------------------------------------------------------
@@ -375,7 +381,7 @@ class Profiler:
         event = self.timer._factory()
         event.record()
         if end and start is not None:
-            self._gpu_events.append((start, event))
+            self._gpu_events.append((start, event, self._steps_log.first))
             if len(self._gpu_events) >= 64:
                 self._resolve_gpu(block=False)
             return None
@@ -383,13 +389,17 @@ class Profiler:
 
     def _resolve_gpu(self, block: bool) -> None:
         keep = []
-        for start, end in self._gpu_events:
+        rec = self._steps_log.record
+        for start, end, first in self._gpu_events:
             if block or end.query():
                 if block:
                     end.synchronize()
-                self._steps_log.record.gpu_compute.add(int(start.elapsed_time(end) * 1e6))
+                ns = int(start.elapsed_time(end) * 1e6)
+                rec.gpu_compute.add(ns)  # and by part, for the analysis' correction of each
+                part = rec.first if first else rec.steady
+                part.setdefault("gpu_compute", Stat()).add(ns)
             else:
-                keep.append((start, end))
+                keep.append((start, end, first))
         self._gpu_events = keep
 
     # ---- samplers and streaming --------------------------------------------------------------

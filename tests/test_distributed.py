@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from fake_cuda import FakeGPU
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -251,15 +252,19 @@ def test_merge_refuses_files_that_are_not_one_job(tmp_path, monkeypatch):
     assert pipeprof.merge([a, b])["missing_ranks"] == []
 
 
-def test_profiler_time_comm_times_ddp_all_reduce(tmp_path, monkeypatch):
+@pytest.mark.parametrize("timer", ["cpu", "cuda"])
+def test_profiler_time_comm_times_ddp_all_reduce(tmp_path, monkeypatch, timer):
+    """With CUDA events (a stand-in GPU), buckets on the CPU still get none: gloo's future
+    completes when the all-reduce does, so the host's view is the truth there."""
     for k in LAUNCH:
         monkeypatch.delenv(k, raising=False)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0,
                             world_size=1)  # fmt: skip
+    gpu = FakeGPU()
     try:
         torch.manual_seed(0)
         model = DDP(nn.Linear(8, 2))
-        prof = pipeprof.Profiler(sample_hz=0)
+        prof = pipeprof.Profiler(sample_hz=0, timer=timer, event_factory=gpu.event)
         assert prof.time_comm(model) is model
         with prof:
             for x in prof.wrap([torch.ones(4, 8)] * 6):
@@ -268,4 +273,6 @@ def test_profiler_time_comm_times_ddp_all_reduce(tmp_path, monkeypatch):
     finally:
         dist.destroy_process_group()
     assert comm["hook"] == "allreduce_hook" and comm["buckets"] == 6
+    assert "gpu" not in comm
+    assert gpu.created == (12 if timer == "cuda" else 0)  # compute's two a step, none for comm
     assert model.module.weight.grad is not None

@@ -124,3 +124,114 @@ def test_cpu_copies_are_timed_by_the_clock():
 def test_nvml_samples_the_gpu_the_device_names(device, sampled):
     """torch's and TensorFlow's spellings both pick the GPU to sample (None: the default)."""
     assert Profiler(device=device, sample_hz=0)._gpu_indices() == sampled
+
+
+class NcclStep:
+    """DDP on one GPU with NCCL, scripted on a FakeGPU. Backward computes ``buckets`` buckets of
+    ``grad_ms`` each and hands each to the communication hook; the hook's future completes at
+    once on the host (NCCL's does when its kernels are queued) while the all-reduces run one
+    after another on their own stream, ``reduce_ms`` each; DDP's reducer then makes the compute
+    stream wait for the last one. ``register_comm_hook`` is DDP's."""
+
+    def __init__(self, gpu: FakeGPU, buckets: int, grad_ms: float, reduce_ms: float) -> None:
+        self.gpu, self.buckets, self.grad_ms, self.reduce_ms = gpu, buckets, grad_ms, reduce_ms
+        self.hook = None
+        self.comm_free = 0.0  # when the comm stream is next free, GPU ms
+
+    def register_comm_hook(self, state, hook):
+        self.hook = (state, hook)
+
+    def nccl_all_reduce(self, state, bucket):
+        start = max(self.gpu.now_ms, self.comm_free)
+        self.comm_free = start + self.reduce_ms
+        return QueuedFuture(self.gpu, self.comm_free, bucket.grads)
+
+    def backward(self):
+        state, hook = self.hook
+        results = []
+        for i in range(self.buckets):
+            self.gpu.now_ms += self.grad_ms
+            results.append(hook(state, Bucket(i)).wait())
+        self.gpu.now_ms = max(self.gpu.now_ms, self.comm_free)  # the reducer's stream wait
+        return results
+
+
+class Bucket:
+    def __init__(self, i: int) -> None:
+        self.grads = torch.full((2,), float(i))
+
+    def buffer(self):
+        return Cuda()
+
+
+class Cuda:
+    is_cuda = True
+
+
+class QueuedFuture:
+    """A future that is complete on the host at once; ``then``'s callback runs on a stream that
+    waits for the all-reduce, so an event it records stands at ``done_ms`` on the GPU."""
+
+    def __init__(self, gpu: FakeGPU, done_ms: float, value) -> None:
+        self.gpu, self.done_ms, self._value = gpu, done_ms, value
+
+    def value(self):
+        return self._value
+
+    def wait(self):
+        return self._value
+
+    def then(self, callback):
+        now, self.gpu.now_ms = self.gpu.now_ms, self.done_ms
+        try:
+            return QueuedFuture(self.gpu, self.done_ms, callback(self))
+        finally:
+            self.gpu.now_ms = now
+
+
+@pytest.mark.timing
+def test_nccls_all_reduce_is_comm_as_the_gpu_saw_it_not_compute():
+    """NCCL's future completes when the kernels are queued: the host sees microseconds of comm,
+    the GPU waits 14 ms a step for the last all-reduce (3 buckets handed at 8, 13 and 18 ms,
+    8 ms all-reduces one after another: done at 16, 24, 32). CUDA events on the buckets put
+    those 14 ms in comm, out of compute, and report the 24 ms in flight, 10 of them overlapped
+    with backward; nothing synchronises the loop."""
+    gpu, steps = FakeGPU(), 8
+    ddp = NcclStep(gpu, buckets=3, grad_ms=5.0, reduce_ms=8.0)
+    prof = Profiler(sample_hz=0, timer="cuda", event_factory=gpu.event)
+    assert prof.time_comm(ddp, ddp.nccl_all_reduce, "state") is ddp
+    syncs = []
+    with prof:
+        for _ in prof.wrap(Slow(steps, 0.05)):  # the data is slower than the GPU's 34 ms
+            gpu.now_ms += 3.0  # forward
+            got = ddp.backward()
+            gpu.now_ms += 2.0  # optimizer
+            syncs.append(gpu.syncs)
+            assert [float(g[0]) for g in got] == [0.0, 1.0, 2.0]  # the hook's results, as DDP's
+        gpu.completed = gpu.recorded  # the GPU caught up: read back without synchronising
+        early = prof.report()["meta"]["comm"]["gpu"]
+        assert set(syncs) == {0} and early["steps"] == steps and gpu.syncs == 0
+    report = prof.report()
+    comm, loop = report["meta"]["comm"], report["loop"]
+    assert comm["buckets"] == 3 * steps and comm["exposed_s"] < 0.002 * steps  # the host's view
+    g = comm["gpu"]
+    assert (g["steps"], g["buckets"]) == (steps, 3 * steps)
+    assert g["exposed_s"] == pytest.approx(0.014 * steps, abs=1e-6)
+    assert g["first_exposed_s"] == pytest.approx(0.014, abs=1e-6)  # Slow's one start-up step
+    assert g["in_flight_s"] == pytest.approx(0.024 * steps, abs=1e-6)
+    assert g["overlapped_s"] == pytest.approx(0.010 * steps, abs=1e-6)
+    # the GPU computed 34 ms a step, 14 of them waiting for the all-reduce
+    assert loop["gpu_compute_s"] == pytest.approx(0.034 * steps, abs=1e-6)
+    assert loop["comm_s"] == pytest.approx(0.014 * steps, abs=1e-6)
+    moved = loop["compute_moved_to_comm_s"]
+    assert moved == pytest.approx(0.014 * steps - comm["exposed_s"], abs=1e-6)
+    # compute is the GPU's 34 ms a step less the 14 in comm, start-up and steady steps alike
+    assert loop["compute_s"] == pytest.approx(0.020 * steps + comm["exposed_s"], abs=1e-5)
+    steady = loop["steady"]
+    assert steady["compute_s"] == pytest.approx(0.020 * (steps - 1), abs=0.002)
+    assert loop["steady"]["comm_s"] == pytest.approx(0.014 * (steps - 1), abs=1e-6)
+    parts = sum(loop[f"{k}_s"] for k in ("wait", "transfer", "compute", "comm", "overhead"))
+    assert parts == pytest.approx(loop["wall_s"])  # moved, never counted twice
+    text = " ".join(prof.report().render("text").split())
+    assert ("DDP all-reduce (NcclStep.nccl_all_reduce, the GPU's view): 3 buckets/step, 24.0 ms/step in "
+            "flight, 10.0 overlapped with backward, 14.0 exposed (comm)") in text  # fmt: skip

@@ -82,7 +82,10 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
     share = n_steady / (n_first + n_steady) if n_first + n_steady else 0.0
     p_first = _parts(first, h2d_s * (1 - share))
     p_steady = _parts(steady, h2d_s * share)
-    shift = _gpu_shift(loop.gpu_compute, p_first, p_steady)
+    shift = _gpu_shift(loop.gpu_compute, (first, p_first), (steady, p_steady))
+    comm_gpu = (session.meta.get("comm") or {}).get("gpu") or {}
+    comm_shift = _comm_shift(comm_gpu.get("first_exposed_s"), p_first)
+    comm_shift += _comm_shift(comm_gpu.get("steady_exposed_s"), p_steady)
     total = {k: p_first[k] + p_steady[k] for k in p_first}
     both = {k: Stat() for k in ("wait", "starved", "handover")}
     for part in (first, steady):
@@ -108,6 +111,7 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
             if loop.gpu_compute.count
             else None,
             "wait_moved_to_gpu_compute_s": round(shift, 9),
+            "compute_moved_to_comm_s": round(comm_shift, 9) if comm_gpu else None,
         }
     )
     out["spread"] = step_spread(session, steady=out["view"] == "steady")
@@ -202,20 +206,39 @@ def steady_enough(steps: int, parts: dict[str, float]) -> bool:
     return steps >= STEADY_MIN_STEPS and sum(parts.values()) > 0
 
 
-def _gpu_shift(gpu: Stat, *parts: dict[str, float]) -> float:
-    """Move wait to compute where CUDA events saw the GPU compute longer than the CPU did."""
+def _gpu_shift(gpu: Stat, *parts: tuple[dict[str, Stat], dict[str, float]]) -> float:
+    """Move wait to compute where CUDA events saw the GPU compute longer than the CPU did: in
+    each group of steps (start-up, steady) by its own events; a file from before they were kept
+    by group shares the excess out by CPU compute."""
     if not gpu.count:
         return 0.0
-    cpu = sum(p["compute_s"] for p in parts)
-    excess = gpu.total_ns / 1e9 - cpu
     moved = 0.0
-    for p in parts:
+    if any("gpu_compute" in stats for stats, _ in parts):
+        for stats, p in parts:
+            ns = stats["gpu_compute"].total_ns if "gpu_compute" in stats else 0
+            m = min(p["wait_s"], max(0.0, ns / 1e9 - p["compute_s"]))
+            p["wait_s"] -= m
+            p["compute_s"] += m
+            moved += m
+        return moved
+    cpu = sum(p["compute_s"] for _, p in parts)
+    excess = gpu.total_ns / 1e9 - cpu
+    for _, p in parts:
         if excess <= 0:
             break
         m = min(p["wait_s"], excess * (p["compute_s"] / cpu if cpu else 1.0))
         p["wait_s"] -= m
         p["compute_s"] += m
         moved += m
+    return moved
+
+
+def _comm_shift(gpu_exposed_s: float | None, part: dict[str, float]) -> float:
+    """Move compute to comm where CUDA events saw a group of steps' all-reduces exposed longer
+    than the host did (NCCL: NOTE [ Comm on the GPU ] in collect/comm.py)."""
+    moved = min(max(0.0, (gpu_exposed_s or 0.0) - part["comm_s"]), part["compute_s"])
+    part["compute_s"] -= moved
+    part["comm_s"] += moved
     return moved
 
 

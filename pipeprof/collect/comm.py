@@ -21,9 +21,20 @@ regions: under ``pipeprof run`` the functions of ``torch.distributed`` are wrapp
 blocking calls: ``async_op=True`` returns at once and its wait is the caller's ``work.wait()``);
 with the hand-written Profiler, ``with prof.region("Comm"):``.
 
+NOTE [ Comm on the GPU ]
 On the GPU with NCCL a collective's future completes when its kernels are queued on the GPU's
-stream, not when they end: the times here are the host's view, and the GPU's own comm time is
-not measured (docs/distributed.md says what is covered).
+stream, not when they end: the host's view of a bucket is a few microseconds, and the GPU's wait
+for the all-reduce lands wherever the host next waits for the GPU (in compute, or in the wait
+that CUDA events move to compute: NOTE [ Step attribution ]). So where the Profiler times
+compute with CUDA events and a bucket lives on a GPU, the hook also records an event on the
+current stream when DDP hands it the bucket (its gradients are computed, on the GPU) and one in
+``Future.then``'s callback, which torch runs on streams that wait for the all-reduce's kernels
+(the all-reduce is done, on the GPU). The events are read back without synchronising, a group
+per step, once they completed (``resolve``), and at the end. A step's exposed comm on the GPU is
+the time from the last bucket's gradients to the last all-reduce done, as on the host; where it
+exceeds the host's view, the excess is taken out of compute into comm by the analysis (never out
+of wait: analyze/loop.py ``_comm_shift``), and ``meta.comm.gpu`` keeps the GPU's in-flight,
+overlapped and exposed time.
 """
 
 from __future__ import annotations
@@ -48,19 +59,38 @@ class CommClock:
     """The all-reduces of one Profiler's steps: intervals recorded on DDP's and the process
     group's threads (a deque append each), folded into the step by the loop's thread."""
 
-    def __init__(self) -> None:
+    RESOLVE_EVERY = 16  # steps of GPU events kept before trying to read them back
+
+    def __init__(self, events: Callable[[], Any] | None = None) -> None:
         self._done: deque[tuple[int, int]] = deque()  # (handed to the hook, all-reduce done) ns
         self.buckets = 0
         self.in_flight_ns = 0
         self.exposed_ns = 0
         self.hook = ""
+        #: makes the CUDA events of GPU buckets (None: the host's view only); NOTE [ Comm on
+        #: the GPU ]
+        self.events = events
+        self._gpu_done: deque[tuple[int, Any, Any]] = deque()  # (t_call, handed, done events)
+        self._gpu_steps: deque[tuple[bool, list[tuple[int, Any, Any]]]] = deque()
+        self.gpu: dict[str, int] = {}  # ns: exposed_first, exposed_steady, in_flight; buckets
 
     def record(self, t_call: int, t_done: int) -> None:
         self._done.append((t_call, t_done))
 
+    def record_gpu(self, t_call: int, handed: Any, done: Any) -> None:
+        self._gpu_done.append((t_call, handed, done))
+
     def fold(self, log: Any, handed: int, t_end: int) -> None:
         """The buckets finished since the last fold, as the ``comm`` of the step that ran from
         ``handed`` to ``t_end`` (a ``StepLog``); see NOTE [ Comm ]."""
+        if self._gpu_done:
+            pairs = []
+            while self._gpu_done:
+                pairs.append(self._gpu_done.popleft())
+            pairs.sort(key=lambda p: p[0])  # the order DDP handed the buckets over
+            self._gpu_steps.append((log.first, pairs))
+            if len(self._gpu_steps) >= self.RESOLVE_EVERY:
+                self.resolve(block=False)
         if not self._done:
             return
         spans = []
@@ -76,15 +106,50 @@ class CommClock:
             self.exposed_ns += exposed
         self.in_flight_ns += _union(spans)
 
+    def resolve(self, block: bool) -> None:
+        """Read back the GPU events of the steps whose all-reduces completed, in order (all of
+        them, waiting for the GPU, with ``block``): NOTE [ Comm on the GPU ]."""
+        g = self.gpu
+        while self._gpu_steps:
+            first, pairs = self._gpu_steps[0]
+            if block:
+                for _, _, done in pairs:
+                    done.synchronize()
+            elif not all(done.query() for _, _, done in pairs):
+                return
+            self._gpu_steps.popleft()
+            ref = pairs[0][1]  # the first bucket handed over: every other event is after it
+            spans = [(round(ref.elapsed_time(a) * 1e6), round(ref.elapsed_time(b) * 1e6))
+                     for _, a, b in pairs]  # fmt: skip
+            exposed = max(0, max(b for _, b in spans) - max(a for a, _ in spans))
+            key = "exposed_first" if first else "exposed_steady"
+            g[key] = g.get(key, 0) + exposed
+            g["in_flight"] = g.get("in_flight", 0) + _union(spans)
+            g["buckets"] = g.get("buckets", 0) + len(pairs)
+            g["steps"] = g.get("steps", 0) + 1
+
     def to_dict(self) -> dict[str, Any]:
         """What ``session.meta["comm"]`` holds: seconds, the overlapped part of in-flight."""
-        return {
+        out: dict[str, Any] = {
             "hook": self.hook,
             "buckets": self.buckets,
             "exposed_s": round(self.exposed_ns / 1e9, 9),
             "in_flight_s": round(self.in_flight_ns / 1e9, 9),
             "overlapped_s": round(max(0, self.in_flight_ns - self.exposed_ns) / 1e9, 9),
         }
+        g = self.gpu
+        if g:
+            exposed = g.get("exposed_first", 0) + g.get("exposed_steady", 0)
+            out["gpu"] = {
+                "steps": g["steps"],
+                "buckets": g["buckets"],
+                "exposed_s": round(exposed / 1e9, 9),
+                "first_exposed_s": round(g.get("exposed_first", 0) / 1e9, 9),
+                "steady_exposed_s": round(g.get("exposed_steady", 0) / 1e9, 9),
+                "in_flight_s": round(g["in_flight"] / 1e9, 9),
+                "overlapped_s": round(max(0, g["in_flight"] - exposed) / 1e9, 9),
+            }
+        return out
 
 
 def _union(spans: list[tuple[int, int]]) -> int:
@@ -113,11 +178,19 @@ def timed_hook(hook: Callable[..., Any], target: Callable[[], CommClock | None])
         if comm is None:
             return hook(state, bucket)
         comm.hook = name
+        handed = None
+        if comm.events is not None and bucket.buffer().is_cuda:  # NOTE [ Comm on the GPU ]
+            handed = comm.events()
+            handed.record()
         t_call = clock()
         fut = hook(state, bucket)
 
         def done(f: Any) -> Any:
             comm.record(t_call, clock())
+            if handed is not None:
+                end = comm.events()  # type: ignore[misc]
+                end.record()  # on a stream that waits for the all-reduce's kernels
+                comm.record_gpu(t_call, handed, end)
             return f.value()
 
         return fut.then(done)

@@ -19,7 +19,9 @@ them.
 On a GPU the loop's CPU side can run ahead of asynchronous kernels, so a step's CPU view
 under-states compute and over-states wait. With a CUDA device, CUDA events bracket each
 compute phase; where the GPU's compute time exceeds the CPU's, the excess is moved from wait to
-compute (the GPU was still busy while the CPU waited).
+compute (the GPU was still busy while the CPU waited), in the start-up and the steady steps each
+by their own events. Where CUDA events saw DDP's all-reduce exposed longer than the host did
+(NCCL: NOTE [ Comm on the GPU ] in collect/comm.py), that excess moves from compute to comm.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class StepLog:
         self._class_ns = {"transfer": 0, "overhead": 0, "comm": 0}
         self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
         self._marks: tuple[int, int, int, dict[str, list[int]]] = (0, 0, 0, self._pending["first"])
+        self.first = True  # the open step is a start-up step (not ``steady``)
 
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A user region closed (``Profiler.region``)."""
@@ -92,6 +95,7 @@ class StepLog:
         the batch was ready (None: not known, all of it), and copied ``transfer``."""
         rec = self.record
         part = self._pending["first" if first else "steady"]
+        self.first = first
         wait = max(0, wait)
         starved = wait if starved is None else min(max(0, starved), wait)
         part["wait"].append(wait)
