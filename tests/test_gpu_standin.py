@@ -7,6 +7,7 @@ host-to-device copies run here against ``fake_cuda.FakeGPU``, whose clock the te
 
 from __future__ import annotations
 
+import html
 import time
 
 import pytest
@@ -232,6 +233,7 @@ def test_nccls_all_reduce_is_comm_as_the_gpu_saw_it_not_compute():
     assert loop["steady"]["comm_s"] == pytest.approx(0.014 * (steps - 1), abs=1e-6)
     parts = sum(loop[f"{k}_s"] for k in ("wait", "transfer", "compute", "comm", "overhead"))
     assert parts == pytest.approx(loop["wall_s"])  # moved, never counted twice
-    text = " ".join(prof.report().render("text").split())
-    assert ("DDP all-reduce (NcclStep.nccl_all_reduce, the GPU's view): 3 buckets/step, 24.0 ms/step in "
-            "flight, 10.0 overlapped with backward, 14.0 exposed (comm)") in text  # fmt: skip
+    line = ("DDP all-reduce (NcclStep.nccl_all_reduce, the GPU's view): 3 buckets/step, 24.0 "
+            "ms/step in flight, 10.0 overlapped with backward, 14.0 exposed (comm)")  # fmt: skip
+    assert line in " ".join(report.render("text").split())
+    assert f'<p class="dim comm">{html.escape(line)}</p>' in report.render("html")

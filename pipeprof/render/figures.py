@@ -37,6 +37,22 @@ BATCH_ROWS = 2000  # batches kept for the loader-mode wait chart
 _TOP = {"load": 0, "transform": 1, "collate": 2, "transfer": 3}
 
 
+def comm_line(data: dict[str, Any]) -> str | None:
+    """DDP's all-reduce per step, in flight, overlapped with backward and exposed, in the GPU's
+    view where there is one (NOTE [ Comm ] in collect/comm.py); None without DDP's hook."""
+    comm = (data.get("meta") or {}).get("comm") or {}
+    steps = (data.get("loop") or {}).get("steps")
+    if not comm.get("buckets") or not steps:
+        return None
+    view, seen = (comm["gpu"], "the GPU's view") if comm.get("gpu") else (comm, "the host's view")
+    per = {k: view[f"{k}_s"] * 1e3 / steps for k in ("in_flight", "overlapped", "exposed")}
+    return (
+        f"DDP all-reduce ({comm.get('hook') or 'hook'}, {seen}): {comm['buckets'] / steps:.3g} "
+        f"buckets/step, {num(per['in_flight'])} ms/step in flight, {num(per['overlapped'])} "
+        f"overlapped with backward, {num(per['exposed'])} exposed (comm)"
+    )
+
+
 # C0 controls but tab and newline, DEL and the C1 controls: shown as \x1b, never passed through
 _CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]}
 

@@ -15,6 +15,7 @@ from pipeprof.render.figures import (
     H5_COLUMNS,
     balance,
     batch_waits,
+    comm_line,
     coverage,
     gpu_devices,
     h5_epochs,
@@ -210,7 +211,11 @@ def body(data: dict[str, Any]) -> str:
         + f"</div>{cards(data)}",
     ]
     if loop:
-        parts.append("<h2>Where each step's time goes</h2>" + charts.step_breakdown(loop))
+        comm = comm_line(data)
+        parts.append(
+            "<h2>Where each step's time goes</h2>" + charts.step_breakdown(loop)
+            + (f'<p class="dim comm">{escape(comm)}</p>' if comm else "")
+        )  # fmt: skip
         timeline = timelines.step_timeline(data)
         if timeline:
             parts.append("<h2>Time per step</h2>" + timeline)

@@ -25,6 +25,7 @@ from pipeprof.render.figures import (
     SEVERITY_STYLE,
     STEP_PARTS,
     balance,
+    comm_line,
     coverage,
     gpu_devices,
     h5_epochs,
@@ -334,29 +335,16 @@ def footer(data: dict[str, Any]) -> RenderableType:
     return Text("\n".join(lines), style="dim")
 
 
-def comm_line(data: dict[str, Any]) -> RenderableType | None:
-    """DDP's all-reduce per step: in flight, overlapped with backward, exposed (NOTE [ Comm ])."""
-    comm = (data.get("meta") or {}).get("comm") or {}
-    steps = (data.get("loop") or {}).get("steps")
-    if not comm.get("buckets") or not steps:
-        return None
-    view, seen = (comm["gpu"], "the GPU's view") if comm.get("gpu") else (comm, "the host's view")
-    per = {k: view[f"{k}_s"] * 1e3 / steps for k in ("in_flight", "overlapped", "exposed")}
-    return Text(
-        f"DDP all-reduce ({comm.get('hook') or 'hook'}, {seen}): {comm['buckets'] / steps:.3g} "
-        f"buckets/step, {num(per['in_flight'])} ms/step in flight, {num(per['overlapped'])} "
-        f"overlapped with backward, {num(per['exposed'])} exposed (comm)",
-        style="dim",
-    )
-
-
 def parts(data: dict[str, Any]) -> Iterator[RenderableType]:
     """The sections of the summary, top to bottom."""
     data = visible(data)
     yield verdict_panel(data)
     yield overview(data)
     loop = data.get("loop")
-    sections = [steptable(loop), comm_line(data), regiontable(loop)] if loop else []
+    sections: list[RenderableType | None] = []
+    if loop:
+        comm = comm_line(data)
+        sections += [steptable(loop), Text(comm, style="dim") if comm else None, regiontable(loop)]
     sections += [
         stagetable(data),
         h5table(data),
