@@ -58,6 +58,7 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     assert (tmp_path / "run.rank0.json").exists() and (tmp_path / "run.rank1.json").exists()
     assert not (tmp_path / "run.json").exists()
     assert "rank 0 of 2" in ran.stderr and "rank 1 of 2" not in ran.stderr
+    assert "DDP all-reduce (allreduce_hook, the host's view)" in " ".join(ran.stderr.split())
     # ... and rank 0 wrote the job report, gathered over the job's process group when the script
     # destroyed it (NOTE [ Job gather ]): no merge needed
     assert "job report gathered from 2 of 2 ranks" in ran.stderr, ran.stderr
