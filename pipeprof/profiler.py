@@ -188,8 +188,6 @@ class Profiler:
             ranges.uninstall()
         self.timer.flush()
         self._resolve_gpu(block=True)
-        if self._comm is not None:
-            self._comm.resolve(block=True)
         self._steps_log.fold()
         s = self.session
         s.end_ns = clock()
@@ -219,6 +217,8 @@ class Profiler:
 
     def report(self) -> Report:
         """The Report so far (works during, after, and after an exception in the loop)."""
+        if self._running:
+            self._resolve_gpu(block=False)  # what the GPU finished, as the comm view below
         self._steps_log.fold()
         self._comm_meta()
         if self._running:
@@ -238,8 +238,13 @@ class Profiler:
         ``comm`` (NOTE [ Comm ] in collect/comm.py); returns ``model``. Call it instead of
         ``model.register_comm_hook(state, hook)`` (DDP takes one hook), before the first
         backward; without ``hook``, DDP's own all-reduce (same results)."""
-        time_ddp(model, self.comm_clock, hook, state)
+        time_ddp(model, self._comm_target, hook, state)
         return model
+
+    def _comm_target(self) -> CommClock | None:
+        """Where DDP's hook records, while this Profiler runs (None: DDP's steps outside it are
+        not timed, and nothing piles up)."""
+        return self.comm_clock() if self._running else None
 
     def comm_clock(self) -> CommClock:
         """Where DDP's all-reduce intervals for this Profiler's steps are kept."""
@@ -249,10 +254,12 @@ class Profiler:
         return self._comm
 
     def _comm_meta(self) -> None:
-        if self._comm is not None:
-            if self._running:
-                self._comm.resolve(block=False)
-            self.session.meta["comm"] = self._comm.to_dict()
+        comm = self._comm
+        if comm is not None:
+            comm.resolve(block=not self._running)
+            self.session.meta["comm"] = comm.to_dict()
+            if comm.note and comm.note not in self.session.notes:
+                self.session.notes.append(comm.note)
 
     # ---- the data ---------------------------------------------------------------------------
 
@@ -445,6 +452,7 @@ class Profiler:
         s = self.session
         s.end_ns = clock()
         self._steps_log.fold()
+        self._comm_meta()
         self._collect_samplers()
         # a snapshot of a loop still running: if the process dies now, the file says partial
         was, s.interrupted = s.interrupted, True

@@ -475,7 +475,7 @@ class Run:
         p = self.current
         if p is None or self.stopped or p.entry.prof is None:
             return None
-        return p.entry.prof.comm_clock()
+        return p.entry.prof._comm_target()
 
     def _comm_timer(self) -> Any:
         timer = self._timer()

@@ -84,8 +84,7 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
     p_steady = _parts(steady, h2d_s * share)
     shift = _gpu_shift(loop.gpu_compute, (first, p_first), (steady, p_steady))
     comm_gpu = (session.meta.get("comm") or {}).get("gpu") or {}
-    comm_shift = _comm_shift(comm_gpu.get("first_exposed_s"), p_first)
-    comm_shift += _comm_shift(comm_gpu.get("steady_exposed_s"), p_steady)
+    comm_shift = _comm_shift(comm_gpu, "first", p_first) + _comm_shift(comm_gpu, "steady", p_steady)
     total = {k: p_first[k] + p_steady[k] for k in p_first}
     both = {k: Stat() for k in ("wait", "starved", "handover")}
     for part in (first, steady):
@@ -206,17 +205,22 @@ def steady_enough(steps: int, parts: dict[str, float]) -> bool:
     return steps >= STEADY_MIN_STEPS and sum(parts.values()) > 0
 
 
+BRACKETED = ("compute", "overhead", "user_transfer", "comm")  # a step's part after hand-over
+
+
 def _gpu_shift(gpu: Stat, *parts: tuple[dict[str, Stat], dict[str, float]]) -> float:
-    """Move wait to compute where CUDA events saw the GPU compute longer than the CPU did: in
-    each group of steps (start-up, steady) by its own events; a file from before they were kept
-    by group shares the excess out by CPU compute."""
+    """Move wait to compute where CUDA events saw the GPU busy longer than the CPU's part of the
+    steps they bracket (from the hand-over to the next request: compute, other regions, the
+    user's transfer, comm): in each group of steps (start-up, steady) by its own events. A file
+    from before they were kept by group shares the excess out by CPU compute."""
     if not gpu.count:
         return 0.0
     moved = 0.0
     if any("gpu_compute" in stats for stats, _ in parts):
         for stats, p in parts:
             ns = stats["gpu_compute"].total_ns if "gpu_compute" in stats else 0
-            m = min(p["wait_s"], max(0.0, ns / 1e9 - p["compute_s"]))
+            cpu = sum(stats[k].total_ns for k in BRACKETED) / 1e9
+            m = min(p["wait_s"], max(0.0, ns / 1e9 - cpu))
             p["wait_s"] -= m
             p["compute_s"] += m
             moved += m
@@ -233,10 +237,12 @@ def _gpu_shift(gpu: Stat, *parts: tuple[dict[str, Stat], dict[str, float]]) -> f
     return moved
 
 
-def _comm_shift(gpu_exposed_s: float | None, part: dict[str, float]) -> float:
-    """Move compute to comm where CUDA events saw a group of steps' all-reduces exposed longer
-    than the host did (NCCL: NOTE [ Comm on the GPU ] in collect/comm.py)."""
-    moved = min(max(0.0, (gpu_exposed_s or 0.0) - part["comm_s"]), part["compute_s"])
+def _comm_shift(gpu: dict[str, Any], name: str, part: dict[str, float]) -> float:
+    """Move compute to comm where CUDA events saw a group of steps' (``name``: start-up or
+    steady) DDP all-reduces exposed longer than the host did for the same steps (NCCL: NOTE
+    [ Comm on the GPU ] in collect/comm.py). Other comm (a ``Comm`` region) is not compared."""
+    excess = (gpu.get(f"{name}_exposed_s") or 0.0) - (gpu.get(f"{name}_host_exposed_s") or 0.0)
+    moved = min(max(0.0, excess), part["compute_s"])
     part["compute_s"] -= moved
     part["comm_s"] += moved
     return moved

@@ -31,10 +31,12 @@ current stream when DDP hands it the bucket (its gradients are computed, on the 
 ``Future.then``'s callback, which torch runs on streams that wait for the all-reduce's kernels
 (the all-reduce is done, on the GPU). The events are read back without synchronising, a group
 per step, once they completed (``resolve``), and at the end. A step's exposed comm on the GPU is
-the time from the last bucket's gradients to the last all-reduce done, as on the host; where it
-exceeds the host's view, the excess is taken out of compute into comm by the analysis (never out
-of wait: analyze/loop.py ``_comm_shift``), and ``meta.comm.gpu`` keeps the GPU's in-flight,
-overlapped and exposed time.
+the time from the last bucket's gradients to the last all-reduce done, as on the host. Summed
+over the start-up steps and over the steady steps, with the host's view of the same steps beside
+it, the GPU's excess is taken out of compute into comm by the analysis (never out of wait, never
+set off against other comm: analyze/loop.py ``_comm_shift``); ``meta.comm.gpu`` keeps the GPU's
+in-flight, overlapped and exposed time. pipeprof's events never fail DDP's step: an error ends
+the GPU's view with a note.
 """
 
 from __future__ import annotations
@@ -70,9 +72,11 @@ class CommClock:
         #: makes the CUDA events of GPU buckets (None: the host's view only); NOTE [ Comm on
         #: the GPU ]
         self.events = events
+        self.note: str | None = None  # why the GPU's view ended early
         self._gpu_done: deque[tuple[int, Any, Any]] = deque()  # (t_call, handed, done events)
-        self._gpu_steps: deque[tuple[bool, list[tuple[int, Any, Any]]]] = deque()
-        self.gpu: dict[str, int] = {}  # ns: exposed_first, exposed_steady, in_flight; buckets
+        # a step's GPU events: (a start-up step, the host's exposed ns, [(t_call, handed, done)])
+        self._gpu_steps: deque[tuple[bool, int, list[tuple[int, Any, Any]]]] = deque()
+        self.gpu: dict[str, int] = {}  # ns and counts, replaced whole (read from any thread)
 
     def record(self, t_call: int, t_done: int) -> None:
         self._done.append((t_call, t_done))
@@ -80,56 +84,78 @@ class CommClock:
     def record_gpu(self, t_call: int, handed: Any, done: Any) -> None:
         self._gpu_done.append((t_call, handed, done))
 
+    def give_up(self, exc: BaseException) -> None:
+        """CUDA events failed: the host's view from now on, and a note that says so."""
+        self.events = None
+        self.note = (
+            f"DDP's all-reduce is timed from the host only: its CUDA events failed "
+            f"({type(exc).__name__}: {exc})"
+        )
+
     def fold(self, log: Any, handed: int, t_end: int) -> None:
         """The buckets finished since the last fold, as the ``comm`` of the step that ran from
         ``handed`` to ``t_end`` (a ``StepLog``); see NOTE [ Comm ]."""
+        exposed = 0
+        if self._done:
+            spans = []
+            while self._done:
+                t_call, t_done = self._done.popleft()
+                spans.append((max(t_call, handed), min(t_done, t_end)))
+            self.buckets += len(spans)
+            last_call = max(c for c, _ in spans)
+            exposed = max(0, max(d for _, d in spans) - last_call)
+            if exposed:
+                log.comm(last_call, exposed)
+                self.exposed_ns += exposed
+            self.in_flight_ns += _union(spans)
         if self._gpu_done:
             pairs = []
             while self._gpu_done:
-                pairs.append(self._gpu_done.popleft())
-            pairs.sort(key=lambda p: p[0])  # the order DDP handed the buckets over
-            self._gpu_steps.append((log.first, pairs))
-            if len(self._gpu_steps) >= self.RESOLVE_EVERY:
-                self.resolve(block=False)
-        if not self._done:
-            return
-        spans = []
-        while self._done:
-            t_call, t_done = self._done.popleft()
-            spans.append((max(t_call, handed), min(t_done, t_end)))
-        self.buckets += len(spans)
-        last_call = max(c for c, _ in spans)
-        last_done = max(d for _, d in spans)
-        exposed = last_done - last_call
-        if exposed > 0:
-            log.comm(last_call, exposed)
-            self.exposed_ns += exposed
-        self.in_flight_ns += _union(spans)
+                pair = self._gpu_done.popleft()
+                if pair[0] >= handed:  # a backward before this step's batch is not its comm
+                    pairs.append(pair)
+            if pairs:
+                pairs.sort(key=lambda p: p[0])  # the order DDP handed the buckets over
+                self._gpu_steps.append((log.first, exposed, pairs))
+                if len(self._gpu_steps) >= self.RESOLVE_EVERY:
+                    self.resolve(block=False)
 
     def resolve(self, block: bool) -> None:
         """Read back the GPU events of the steps whose all-reduces completed, in order (all of
-        them, waiting for the GPU, with ``block``): NOTE [ Comm on the GPU ]."""
-        g = self.gpu
-        while self._gpu_steps:
-            first, pairs = self._gpu_steps[0]
-            if block:
-                for _, _, done in pairs:
-                    done.synchronize()
-            elif not all(done.query() for _, _, done in pairs):
-                return
-            self._gpu_steps.popleft()
-            ref = pairs[0][1]  # the first bucket handed over: every other event is after it
-            spans = [(round(ref.elapsed_time(a) * 1e6), round(ref.elapsed_time(b) * 1e6))
-                     for _, a, b in pairs]  # fmt: skip
-            exposed = max(0, max(b for _, b in spans) - max(a for a, _ in spans))
-            key = "exposed_first" if first else "exposed_steady"
-            g[key] = g.get(key, 0) + exposed
-            g["in_flight"] = g.get("in_flight", 0) + _union(spans)
-            g["buckets"] = g.get("buckets", 0) + len(pairs)
-            g["steps"] = g.get("steps", 0) + 1
+        them, waiting for the GPU, with ``block``): NOTE [ Comm on the GPU ]. An error reading
+        them ends the GPU's view with a note; it never reaches the training loop."""
+        if not self._gpu_steps:
+            return
+        g = dict(self.gpu)
+        try:
+            while self._gpu_steps:
+                first, host, pairs = self._gpu_steps[0]
+                events = [e for _, a, b in pairs for e in (a, b)]
+                if block:
+                    for e in events:
+                        e.synchronize()
+                elif not all(e.query() for e in events):
+                    break
+                self._gpu_steps.popleft()
+                ref = pairs[0][1]  # the first bucket handed over
+                spans = [(round(ref.elapsed_time(a) * 1e6), round(ref.elapsed_time(b) * 1e6))
+                         for _, a, b in pairs]  # fmt: skip
+                exposed = max(0, max(b for _, b in spans) - max(a for a, _ in spans))
+                part = "first" if first else "steady"
+                g[f"exposed_{part}"] = g.get(f"exposed_{part}", 0) + exposed
+                g[f"host_{part}"] = g.get(f"host_{part}", 0) + host
+                g["in_flight"] = g.get("in_flight", 0) + _union(spans)
+                g["buckets"] = g.get("buckets", 0) + len(pairs)
+                g["steps"] = g.get("steps", 0) + 1
+        except Exception as exc:  # a CUDA error: the steps read so far stand
+            self._gpu_steps.clear()
+            self.give_up(exc)
+        self.gpu = g
 
     def to_dict(self) -> dict[str, Any]:
-        """What ``session.meta["comm"]`` holds: seconds, the overlapped part of in-flight."""
+        """What ``session.meta["comm"]`` holds: seconds, the overlapped part of in-flight; with
+        ``gpu``, the same as CUDA events saw it, and the host's exposed time of the same steps
+        by group (start-up, steady), which the analysis compares."""
         out: dict[str, Any] = {
             "hook": self.hook,
             "buckets": self.buckets,
@@ -144,11 +170,12 @@ class CommClock:
                 "steps": g["steps"],
                 "buckets": g["buckets"],
                 "exposed_s": round(exposed / 1e9, 9),
-                "first_exposed_s": round(g.get("exposed_first", 0) / 1e9, 9),
-                "steady_exposed_s": round(g.get("exposed_steady", 0) / 1e9, 9),
                 "in_flight_s": round(g["in_flight"] / 1e9, 9),
                 "overlapped_s": round(max(0, g["in_flight"] - exposed) / 1e9, 9),
             }
+            for part in ("first", "steady"):
+                out["gpu"][f"{part}_exposed_s"] = round(g.get(f"exposed_{part}", 0) / 1e9, 9)
+                out["gpu"][f"{part}_host_exposed_s"] = round(g.get(f"host_{part}", 0) / 1e9, 9)
         return out
 
 
@@ -180,18 +207,28 @@ def timed_hook(hook: Callable[..., Any], target: Callable[[], CommClock | None])
         comm.hook = name
         handed = None
         if comm.events is not None and bucket.buffer().is_cuda:  # NOTE [ Comm on the GPU ]
-            handed = comm.events()
-            handed.record()
+            try:
+                handed = comm.events()
+                handed.record()
+            except Exception as exc:  # the host's view stands; DDP never sees pipeprof fail
+                comm.give_up(exc)
+                handed = None
         t_call = clock()
         fut = hook(state, bucket)
 
         def done(f: Any) -> Any:
+            value = f.value()  # a failed all-reduce raises here, as it would without pipeprof
             comm.record(t_call, clock())
-            if handed is not None:
-                end = comm.events()  # type: ignore[misc]
-                end.record()  # on a stream that waits for the all-reduce's kernels
-                comm.record_gpu(t_call, handed, end)
-            return f.value()
+            events = comm.events
+            if handed is not None and events is not None:
+                try:
+                    end = events()
+                    end.record()  # on a stream that waits for the all-reduce's kernels
+                except Exception as exc:
+                    comm.give_up(exc)
+                else:
+                    comm.record_gpu(t_call, handed, end)
+            return value
 
         return fut.then(done)
 

@@ -18,10 +18,12 @@ them.
 
 On a GPU the loop's CPU side can run ahead of asynchronous kernels, so a step's CPU view
 under-states compute and over-states wait. With a CUDA device, CUDA events bracket each
-compute phase; where the GPU's compute time exceeds the CPU's, the excess is moved from wait to
-compute (the GPU was still busy while the CPU waited), in the start-up and the steady steps each
-by their own events. Where CUDA events saw DDP's all-reduce exposed longer than the host did
-(NCCL: NOTE [ Comm on the GPU ] in collect/comm.py), that excess moves from compute to comm.
+compute phase (from the hand-over to the next request); where the GPU's time exceeds the CPU's
+time of the same spans (compute, other regions, the user's transfer, comm), the excess is moved
+from wait to compute (the GPU was still busy while the CPU waited), in the start-up and the
+steady steps each by their own events. Where CUDA events saw DDP's all-reduce exposed longer
+than the host did (NCCL: NOTE [ Comm on the GPU ] in collect/comm.py), that excess moves from
+compute to comm.
 """
 
 from __future__ import annotations
