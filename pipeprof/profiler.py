@@ -15,7 +15,7 @@ from typing import Any
 from pipeprof.collect import ranks
 from pipeprof.collect.comm import CommClock, time_ddp
 from pipeprof.collect.loop import GenericSource, StepLog, run_alone
-from pipeprof.collect.timer import Backend, Timer
+from pipeprof.collect.timer import Backend, Timer, resolve_backend
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
 from pipeprof.core.recorder import STAGE_EVERY, clock, measure_overhead, recorder
@@ -122,14 +122,18 @@ class Profiler:
             from pipeprof.collect.ranges import RangeTimer, open_ranges
 
             self._ranges = open_ranges(self.session.notes)
+        # CUDA events time the regions' figures; a step's split counts them by the CPU clock
+        log = self._steps_log
+        cuda = resolve_backend(timer) == "cuda"
+        sink, host_sink = (log.region_timed, log.classify) if cuda else (log.region, None)
         if self._ranges is not None:
             self.timer: Timer = RangeTimer(
-                self._ranges, backend=timer, sink=self._steps_log.region,
-                event_factory=event_factory,
+                self._ranges, backend=timer, sink=sink, event_factory=event_factory,
+                host_sink=host_sink,
             )  # fmt: skip
         else:
             self.timer = Timer(
-                backend=timer, sink=self._steps_log.region, event_factory=event_factory
+                backend=timer, sink=sink, event_factory=event_factory, host_sink=host_sink
             )
         self._samplers: list[Any] = []
         self._nvml: Any = None

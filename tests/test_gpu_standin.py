@@ -308,3 +308,23 @@ def test_cuda_events_that_fail_leave_ddps_training_and_the_hosts_view():
     assert comm["buckets"] == 2 * steps  # the host's view of every step
     assert comm["gpu"]["steps"] == 3 and len(made) == 14  # none made after the failure
     assert any("its CUDA events failed (RuntimeError: CUDA error" in n for n in report["notes"])
+
+
+@pytest.mark.timing
+def test_cuda_timed_regions_count_in_their_own_step_by_the_cpu_clock():
+    """With CUDA events a region's GPU duration is known steps later: it is the regions' figure.
+    The step's split counts the region as it closes, by the CPU clock, in its own step: none is
+    lost at the end of the run, none lands in a later step."""
+    gpu, steps = FakeGPU(), 6
+    prof = Profiler(sample_hz=0, timer="cuda", event_factory=gpu.event)
+    with prof:
+        for _ in prof.wrap(range(steps)):
+            with prof.region("Logging"):  # 3 ms on the host, 1 ms of kernels on the GPU
+                time.sleep(0.003)
+                gpu.now_ms += 1.0
+            time.sleep(0.002)
+    loop = prof.report()["loop"]
+    assert loop["regions"]["Logging"]["mean_ms"] == pytest.approx(1.0)  # the GPU's figure
+    assert loop["overhead_s"] == pytest.approx(0.003 * steps, abs=0.001 * steps)
+    assert loop["steady"]["overhead_s"] == pytest.approx(0.003 * (steps - 1), abs=0.001 * steps)
+    assert loop["compute_s"] == pytest.approx(0.002 * steps, abs=0.001 * steps)

@@ -23,7 +23,8 @@ time of the same spans (compute, other regions, the user's transfer, comm), the 
 from wait to compute (the GPU was still busy while the CPU waited), in the start-up and the
 steady steps each by their own events. Where CUDA events saw DDP's all-reduce exposed longer
 than the host did (NCCL: NOTE [ Comm on the GPU ] in collect/comm.py), that excess moves from
-compute to comm.
+compute to comm. Regions count for their class by the CPU clock as they close, whatever their
+timer: a CUDA-event timer's durations are known steps later and are the regions' figures only.
 """
 
 from __future__ import annotations
@@ -63,12 +64,22 @@ class StepLog:
         self.first = True  # the open step is a start-up step (not ``steady``)
 
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
-        """A user region closed (``Profiler.region``)."""
+        """A user region closed (``Profiler.region``): its figures, its span, its class."""
+        self.region_timed(key, start_ns, duration_ns)
+        self.classify(key, start_ns, duration_ns)
+
+    def region_timed(self, key: str, start_ns: int, duration_ns: int) -> None:
+        """A region's duration as its timer measured it (CUDA events: the GPU's, known after
+        the step), for the regions' figures and the trace."""
         values = self._pending_regions.get(key)
         if values is None:
             values = self._pending_regions[key] = []
         values.append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
+
+    def classify(self, key: str, start_ns: int, duration_ns: int) -> None:
+        """A region's time on the loop's thread, as it closes: counted for its class in the
+        step under way (NOTE [ Step attribution ])."""
         # A region counts for its class only outside the regions nested in it, which closed
         # before it: "train_step" around Forward and Backward is compute, not overhead.
         inner, closed = 0, self._closed

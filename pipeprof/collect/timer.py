@@ -126,7 +126,7 @@ def _no_events() -> Event:
     raise AssertionError("the cpu backend records no events")
 
 
-def _resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str) -> str:
     if backend == "auto":
         torch = sys.modules.get("torch")  # never import torch just to decide
         return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
@@ -143,7 +143,9 @@ class Timer:
     ``"auto"`` picks ``cuda`` when torch is already imported and sees a GPU, else ``cpu``.
     ``event_factory`` makes the ``cuda`` backend's events (default
     ``torch.cuda.Event(enable_timing=True)``). ``sink(key, start_ns, duration_ns)`` is called for
-    every region when its duration is known; ``start_ns`` is ``clock()`` at ``start``.
+    every region when its duration is known; ``start_ns`` is ``clock()`` at ``start``. On the
+    ``cuda`` backend, ``host_sink`` is called the same way at each ``end``, with the CPU clock's
+    duration (what the loop's thread spent in the region: a step's split is of that time).
 
     Statistics: count, total, min, mean, max and std are exact; median and p95 come from a
     log-linear histogram and are within about 3% of the exact values. Regions still open are
@@ -156,6 +158,7 @@ class Timer:
         "_cuda",
         "_factory",
         "_free",
+        "_host_sink",
         "_keys",
         "_next_resolve",
         "_pending",
@@ -173,17 +176,19 @@ class Timer:
         sink: Sink | None = None,
         resolve_every: int = 64,
         event_factory: Callable[[], Event] | None = None,
+        host_sink: Sink | None = None,
     ) -> None:
         if resolve_every < 0:
             raise ValueError(f"resolve_every must be >= 0, not {resolve_every}")
         #: The backend in use, ``"cpu"`` or ``"cuda"`` (``"auto"`` resolved).
-        self.backend = _resolve_backend(backend)
+        self.backend = resolve_backend(backend)
         self._cuda = self.backend == "cuda"
         self._factory = _no_events
         if self._cuda:
             self._factory = event_factory or _cuda_event_factory()
         self._clock = clock
         self._sink = sink
+        self._host_sink = host_sink
         self._resolve_every = resolve_every
         self._keys: dict[str, _Key] = {}  # in first-seen order
         self._regions: dict[str, _Region] = {}
@@ -321,7 +326,10 @@ class Timer:
             raise self._unmatched(key) from None
         end = self._free.pop() if self._free else self._factory()
         end.record()
-        self._pending.append((k, k.stack.pop(), start, end))
+        start_ns = k.stack.pop()
+        self._pending.append((k, start_ns, start, end))
+        if self._host_sink is not None:
+            self._host_sink(key, start_ns, self._clock() - start_ns)
         if len(self._pending) > self._next_resolve:
             self._resolve_ready()
 
