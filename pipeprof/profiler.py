@@ -125,7 +125,7 @@ class Profiler:
         # CUDA events time the regions' figures; a step's split counts them by the CPU clock
         log = self._steps_log
         cuda = resolve_backend(timer) == "cuda"
-        sink, host_sink = (log.region_timed, log.classify) if cuda else (log.region, None)
+        sink, host_sink = (log.region_timed, log.region_host) if cuda else (log.region, None)
         if self._ranges is not None:
             self.timer: Timer = RangeTimer(
                 self._ranges, backend=timer, sink=sink, event_factory=event_factory,

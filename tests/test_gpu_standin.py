@@ -313,18 +313,25 @@ def test_cuda_events_that_fail_leave_ddps_training_and_the_hosts_view():
 @pytest.mark.timing
 def test_cuda_timed_regions_count_in_their_own_step_by_the_cpu_clock():
     """With CUDA events a region's GPU duration is known steps later: it is the regions' figure.
-    The step's split counts the region as it closes, by the CPU clock, in its own step: none is
-    lost at the end of the run, none lands in a later step."""
+    The step's split counts the region as it closes, by the CPU clock, in its own step (none
+    lands in a later step, none is lost at the end of the run), and the rules weigh that CPU
+    time (``host_regions``) against the step."""
     gpu, steps = FakeGPU(), 6
     prof = Profiler(sample_hz=0, timer="cuda", event_factory=gpu.event)
+    prof.timer._resolve_every = prof.timer._next_resolve = 0  # read back as soon as done
     with prof:
         for _ in prof.wrap(range(steps)):
             with prof.region("Logging"):  # 3 ms on the host, 1 ms of kernels on the GPU
                 time.sleep(0.003)
                 gpu.now_ms += 1.0
             time.sleep(0.002)
-    loop = prof.report()["loop"]
+            gpu.completed = gpu.recorded  # the GPU keeps up: each region is read in the next
+    report = prof.report()
+    loop = report["loop"]
     assert loop["regions"]["Logging"]["mean_ms"] == pytest.approx(1.0)  # the GPU's figure
+    assert loop["host_regions"]["Logging"]["mean_ms"] == pytest.approx(3.0, abs=1.0)
     assert loop["overhead_s"] == pytest.approx(0.003 * steps, abs=0.001 * steps)
     assert loop["steady"]["overhead_s"] == pytest.approx(0.003 * (steps - 1), abs=0.001 * steps)
     assert loop["compute_s"] == pytest.approx(0.002 * steps, abs=0.001 * steps)
+    (found,) = [f for f in report["findings"] if f["id"] == "overhead-regions"]
+    assert found["evidence"]["region_s"] == pytest.approx(0.003 * steps, abs=0.001 * steps)

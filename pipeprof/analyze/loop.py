@@ -106,6 +106,7 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
             "wait_ms": figures(steady["wait"]),
             "compute_ms": figures(steady["compute"]),
             "regions": {k: figures(v) for k, v in loop.regions.items()},
+            "host_regions": {k: figures(v) for k, v in loop.host_regions.items()},
             "gpu_compute_s": round(loop.gpu_compute.total_ns / 1e9, 9)
             if loop.gpu_compute.count
             else None,

@@ -625,7 +625,9 @@ def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Find
     frac = loop_view(loop).get("overhead_fraction") or 0.0
     if frac < MODERATE_WAIT:
         return None
-    regions = {k: v for k, v in loop["regions"].items() if region_class(k) == "overhead"}
+    # the regions' CPU time, which the split counts, where their figures are CUDA events'
+    timed = loop.get("host_regions") or loop["regions"]
+    regions = {k: v for k, v in timed.items() if region_class(k) == "overhead"}
     top = max(regions, key=lambda k: regions[k]["total_s"]) if regions else "?"
     top_s = regions[top]["total_s"] if regions else 0.0
     every = EVERY_N

@@ -58,6 +58,7 @@ class StepLog:
             name: {k: [] for k in STEP_PARTS} for name in ("first", "steady")
         }
         self._pending_regions: dict[str, list[int]] = {}
+        self._pending_host: dict[str, list[int]] = {}
         self._class_ns = {"transfer": 0, "overhead": 0, "comm": 0}
         self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
         self._marks: tuple[int, int, int, dict[str, list[int]]] = (0, 0, 0, self._pending["first"])
@@ -76,6 +77,15 @@ class StepLog:
             values = self._pending_regions[key] = []
         values.append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
+
+    def region_host(self, key: str, start_ns: int, duration_ns: int) -> None:
+        """A CUDA-timed region's time on the loop's thread, as it closes: its CPU figures
+        (``host_regions``, what the rules weigh against the step) and its class."""
+        values = self._pending_host.get(key)
+        if values is None:
+            values = self._pending_host[key] = []
+        values.append(duration_ns)
+        self.classify(key, start_ns, duration_ns)
 
     def classify(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A region's time on the loop's thread, as it closes: counted for its class in the
@@ -160,10 +170,12 @@ class StepLog:
                 if values:
                     getattr(rec, name)[key].merge(Stat.of_many(values))
                     values.clear()
-        for key, values in self._pending_regions.items():
-            if values:
-                rec.regions.setdefault(key, Stat()).merge(Stat.of_many(values))
-                values.clear()
+        for stats, pending in ((rec.regions, self._pending_regions),
+                               (rec.host_regions, self._pending_host)):  # fmt: skip
+            for key, values in pending.items():
+                if values:
+                    stats.setdefault(key, Stat()).merge(Stat.of_many(values))
+                    values.clear()
 
 
 def run_alone(source: Iterable[Any], session: Session, batches: int | None) -> None:

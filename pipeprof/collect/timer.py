@@ -324,9 +324,9 @@ class Timer:
             start = k.events.pop()
         except (KeyError, IndexError, TypeError):
             raise self._unmatched(key) from None
+        start_ns = k.stack.pop()  # both stacks before anything that may raise
         end = self._free.pop() if self._free else self._factory()
         end.record()
-        start_ns = k.stack.pop()
         self._pending.append((k, start_ns, start, end))
         if self._host_sink is not None:
             self._host_sink(key, start_ns, self._clock() - start_ns)

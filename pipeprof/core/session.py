@@ -95,6 +95,8 @@ class LoopRecord:
     steady: dict[str, Stat] = field(default_factory=_parts)
     gpu_compute: Stat = field(default_factory=Stat)  # CUDA-event time of compute phases
     regions: dict[str, Stat] = field(default_factory=dict)
+    # the same regions by the CPU clock, where their figures are CUDA events' (the split's time)
+    host_regions: dict[str, Stat] = field(default_factory=dict)
     replay: dict[str, Any] | None = None  # compute-only baseline (Profiler.replay, Keras)
     # recent steps: [t_request_ns, wait_ns, transfer_ns, compute_ns, first_of_epoch]
     step_ring: deque[list[int]] = field(default_factory=lambda: deque(maxlen=STEP_RING))
@@ -108,6 +110,7 @@ class LoopRecord:
             "steady": {k: v.to_dict() for k, v in self.steady.items()},
             "gpu_compute": self.gpu_compute.to_dict(),
             "regions": {k: v.to_dict() for k, v in self.regions.items()},
+            "host_regions": {k: v.to_dict() for k, v in self.host_regions.items()},
             "replay": self.replay,
             "step_ring": [list(r) for r in self.step_ring],
         }
@@ -133,6 +136,7 @@ class LoopRecord:
             steady={**_parts(), **stats("steady")},
             gpu_compute=stat("gpu_compute"),
             regions=stats("regions"),
+            host_regions=stats("host_regions"),
             replay=_get(data, "replay", where, _is_dict_or_none, "an object or null", None),
         )
         rows = _get(data, "step_ring", where, _is_list, "a list", [])
