@@ -333,5 +333,7 @@ def test_cuda_timed_regions_count_in_their_own_step_by_the_cpu_clock():
     assert loop["overhead_s"] == pytest.approx(0.003 * steps, abs=0.001 * steps)
     assert loop["steady"]["overhead_s"] == pytest.approx(0.003 * (steps - 1), abs=0.001 * steps)
     assert loop["compute_s"] == pytest.approx(0.002 * steps, abs=0.001 * steps)
+    spans = [s[3] for s in prof.session.spans if s[1] == "region/Logging"]  # the trace's
+    assert len(spans) == steps and min(spans) >= 3_000_000  # CPU spans, on the CPU's timeline
     (found,) = [f for f in report["findings"] if f["id"] == "overhead-regions"]
     assert found["evidence"]["region_s"] == pytest.approx(0.003 * steps, abs=0.001 * steps)

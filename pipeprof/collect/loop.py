@@ -67,24 +67,26 @@ class StepLog:
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A user region closed (``Profiler.region``): its figures, its span, its class."""
         self.region_timed(key, start_ns, duration_ns)
+        self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
         self.classify(key, start_ns, duration_ns)
 
     def region_timed(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A region's duration as its timer measured it (CUDA events: the GPU's, known after
-        the step), for the regions' figures and the trace."""
+        the step), for the regions' figures."""
         values = self._pending_regions.get(key)
         if values is None:
             values = self._pending_regions[key] = []
         values.append(duration_ns)
-        self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
 
     def region_host(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A CUDA-timed region's time on the loop's thread, as it closes: its CPU figures
-        (``host_regions``, what the rules weigh against the step) and its class."""
+        (``host_regions``, what the rules weigh against the step), its span on the loop's
+        timeline (the trace's clock is the CPU's) and its class."""
         values = self._pending_host.get(key)
         if values is None:
             values = self._pending_host[key] = []
         values.append(duration_ns)
+        self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
         self.classify(key, start_ns, duration_ns)
 
     def classify(self, key: str, start_ns: int, duration_ns: int) -> None:
