@@ -66,7 +66,10 @@ class StepLog:
 
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A user region closed (``Profiler.region``): its figures, its span, its class."""
-        self.region_timed(key, start_ns, duration_ns)
+        values = self._pending_regions.get(key)
+        if values is None:
+            values = self._pending_regions[key] = []
+        values.append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
         self.classify(key, start_ns, duration_ns)
 
