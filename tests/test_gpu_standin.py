@@ -194,7 +194,7 @@ class QueuedFuture:
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("host_ms", [0.0, 10.0])
+@pytest.mark.parametrize("host_ms", [0.0, 5.0])
 def test_nccls_all_reduce_is_comm_as_the_gpu_saw_it_not_compute(host_ms):
     """NCCL's future completes when the kernels are queued: the host sees microseconds of comm,
     the GPU waits 14 ms a step for the last all-reduce (3 buckets handed at 8, 13 and 18 ms,
