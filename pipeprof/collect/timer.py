@@ -127,6 +127,7 @@ def _no_events() -> Event:
 
 
 def resolve_backend(backend: str) -> str:
+    """``"cpu"`` or ``"cuda"``: what a Timer made with ``backend`` will use."""
     if backend == "auto":
         torch = sys.modules.get("torch")  # never import torch just to decide
         return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
