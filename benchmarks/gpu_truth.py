@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +108,9 @@ def model_step(w: torch.Tensor, reps: int) -> Any:
 
 def plain_wait(loader: DataLoader, step: Any) -> dict[str, float]:
     """The truth: the loop's wait in ``next()``, with the GPU synchronised at each step's end."""
-    waited, t0 = 0.0, time.perf_counter()
-    it = iter(loader)
+    t0 = time.perf_counter()
+    it = iter(loader)  # workers start here: wait, as pipeprof counts it in the first next()
+    waited = time.perf_counter() - t0
     while True:
         t = time.perf_counter()
         try:
@@ -122,7 +125,7 @@ def plain_wait(loader: DataLoader, step: Any) -> dict[str, float]:
 
 
 def profiled(loader: DataLoader, step: Any) -> dict[str, Any]:
-    prof = pipeprof.Profiler(device="cuda", sample_hz=20)
+    prof = pipeprof.Profiler(device="cuda:0", sample_hz=20)  # cuda:0 maps to NVML's index
     with prof:
         for x in prof.wrap(loader):
             step(x)
@@ -143,6 +146,7 @@ def profiled(loader: DataLoader, step: Any) -> dict[str, Any]:
         "nvml_devices": [(d.get("index"), d.get("name")) for d in gpu.get("devices") or []],
         "nvml_samples": len(t_ns),
         "nvml_rate_hz": (len(t_ns) - 1) / ((t_ns[-1] - t_ns[0]) / 1e9) if len(t_ns) > 1 else None,
+        "transfer_fraction": loop["transfer_fraction"],
         "wall_s": loop["wall_s"],
     }
 
@@ -150,16 +154,25 @@ def profiled(loader: DataLoader, step: Any) -> dict[str, Any]:
 def check_loops() -> dict[str, Any]:
     w = torch.randn(2048, 2048, device="cuda") / 45
     out: dict[str, Any] = {}
-    # GPU-bound: ready data, a heavy step
-    fast = DataLoader(Slow(64 * 40, 0.0, (2048,)), batch_size=64, num_workers=4,
-                      pin_memory=True)  # fmt: skip
-    out["gpu_bound"] = {"plain": plain_wait(fast, model_step(w, 400)),
-                        "pipeprof": profiled(fast, model_step(w, 400))}  # fmt: skip
+    # GPU-bound: ready data (1024 rows a batch), a heavy step
+    fast = DataLoader(Slow(1024 * 200, 0.0, (2048,)), batch_size=1024, num_workers=4,
+                      pin_memory=True, multiprocessing_context="fork")  # fmt: skip
+    out["gpu_bound"] = {"plain": plain_wait(fast, model_step(w, 100)),
+                        "pipeprof": profiled(fast, model_step(w, 100))}  # fmt: skip
     # input-bound: 64 samples of 1 ms each over 2 workers, a light step
-    slow = DataLoader(Slow(64 * 20, 1.0, (2048,)), batch_size=64, num_workers=2,
-                      pin_memory=True)  # fmt: skip
+    slow = DataLoader(Slow(64 * 60, 1.0, (2048,)), batch_size=64, num_workers=2,
+                      pin_memory=True, multiprocessing_context="fork")  # fmt: skip
     out["input_bound"] = {"plain": plain_wait(slow, model_step(w, 5)),
                           "pipeprof": profiled(slow, model_step(w, 5))}  # fmt: skip
+    # alternating: 300 ms without data, 300 ms of kernels, so NVML's samples can tell them apart
+    cycles = sleep_cycles(300.0)
+    pace = DataLoader(Slow(20, 300.0, (8,)), batch_size=1, num_workers=1,
+                      multiprocessing_context="fork")  # fmt: skip
+    def kernels(x: torch.Tensor) -> None:
+        torch.cuda._sleep(cycles)
+
+    out["alternating"] = {"plain": plain_wait(pace, kernels),
+                          "pipeprof": profiled(pace, kernels)}  # fmt: skip
     for case in out.values():
         case["wait_fraction_error"] = case["pipeprof"]["wait_fraction"] - case["plain"][
             "wait_fraction"]  # fmt: skip
@@ -183,7 +196,7 @@ def check_transfer() -> dict[str, Any]:
         out[f"plain_{'pinned' if pinned else 'pageable'}"] = {"ms": ms,
                                                              "gb_s": nbytes / ms / 1e6}  # fmt: skip
         loader = DataLoader(Slow(64 * 12, 0.0, shape[1:]), batch_size=64, num_workers=2,
-                            pin_memory=pinned)  # fmt: skip
+                            pin_memory=pinned, multiprocessing_context="fork")  # fmt: skip
         main = pipeprof.profile(loader, device="cuda").to_dict()["stages"]
         h2d = main.get("transfer/h2d") or {}
         pin = main.get("transfer/pin") or {}
@@ -205,25 +218,32 @@ def check_overhead(rounds: int = 5) -> dict[str, Any]:
     data = [torch.randn(64, 2048).pin_memory() for _ in range(8)]
 
     def run(kind: str) -> float:
+        """Steps a second inside the profiled loop (start and stop, e.g. torch.profiler's trace
+        processing at exit, are left out of both)."""
         n = 200
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
         if kind == "plain":
+            t0 = time.perf_counter()
             for i in range(n):
                 step(data[i % 8].cuda(non_blocking=True))
-        elif kind == "pipeprof":
+            torch.cuda.synchronize()
+            return n / (time.perf_counter() - t0)
+        if kind == "pipeprof":
             prof = pipeprof.Profiler(sample_hz=10)
             with prof:
+                t0 = time.perf_counter()
                 for x in prof.wrap([data[i % 8] for i in range(n)]):
                     step(x.cuda(non_blocking=True))
-        else:
-            from torch.profiler import ProfilerActivity, profile
+                torch.cuda.synchronize()
+                return n / (time.perf_counter() - t0)
+        from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-                for i in range(n):
-                    step(data[i % 8].cuda(non_blocking=True))
-        torch.cuda.synchronize()
-        return n / (time.perf_counter() - t0)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            t0 = time.perf_counter()
+            for i in range(n):
+                step(data[i % 8].cuda(non_blocking=True))
+            torch.cuda.synchronize()
+            return n / (time.perf_counter() - t0)
 
     kinds = ("plain", "pipeprof", "torch.profiler")
     for kind in kinds:
@@ -252,7 +272,7 @@ def check_nccl() -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("nccl", store=dist.FileStore(f"{tmp}/s", 1), rank=0,
-                                world_size=1)  # fmt: skip
+                                world_size=1, timeout=timedelta(seconds=60))  # fmt: skip
         try:
             for timed in (False, True):
                 torch.manual_seed(0)
@@ -272,13 +292,14 @@ def check_nccl() -> dict[str, Any]:
                 r = prof.report().to_dict()
                 key = "timed" if timed else "untimed"
                 out[key] = {
-                    "weight_sum": float(sum(p.double().sum() for p in net.parameters())),
+                    "weights": [p.detach().double().cpu() for p in net.parameters()],
                     "comm": r["meta"].get("comm"),
                     "loop": {k: r["loop"][k] for k in LOOP_KEYS},
                 }
         finally:
             dist.destroy_process_group()
-    out["same_weights"] = out["timed"]["weight_sum"] == out["untimed"]["weight_sum"]
+    pairs = zip(out["timed"].pop("weights"), out["untimed"].pop("weights"))
+    out["max_weight_difference"] = max(float((a - b).abs().max()) for a, b in pairs)
     return out
 
 
@@ -292,6 +313,7 @@ def environment() -> dict[str, Any]:
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    env["start_method"] = multiprocessing.get_start_method(allow_none=True)
     try:
         import pynvml
 

@@ -11,16 +11,20 @@ export PYTHONPATH=.
 case "${1:-}" in
   truth)
     nvidia-smi > "$out/nvidia-smi.txt" 2>&1
-    timeout 420 python3 benchmarks/gpu_truth.py --out "$out" > "$out/gpu_truth.txt" 2>&1
+    timeout -s INT -k 15 420 python3 benchmarks/gpu_truth.py --out "$out" > "$out/gpu_truth.txt" 2>&1
     echo "gpu_truth rc=$?"
-    timeout 120 python3 -m pipeprof demo --device cuda -o "$out/demo.json" \
+    timeout -s INT -k 15 120 python3 -m pipeprof demo --device cuda -o "$out/demo.json" \
       --html "$out/demo.html" > "$out/demo.txt" 2>&1
     echo "demo rc=$?"
     tail -c 6000 "$out/gpu_truth.txt"
     ;;
   tests)
-    # test_this_machine_has_no_gpu fails here on purpose (the stand-ins are not the truth here)
-    timeout 540 python3 -m pytest -q -p no:cacheprovider -rfEs > "$out/pytest.txt" 2>&1
+    # test_this_machine_has_no_gpu fails here on purpose (the stand-ins are not the truth here);
+    # the fresh-clone README test needs the package registries, which that machine cannot reach.
+    # Without pytest-timeout and pytest-rerunfailures there, timing tests are not re-run.
+    timeout -s INT -k 15 540 python3 -m pytest -q -p no:cacheprovider -rfEs \
+      --deselect tests/test_readme.py::test_readme_commands_work_in_a_fresh_clone \
+      > "$out/pytest.txt" 2>&1
     echo "pytest rc=$?"
     tail -n 60 "$out/pytest.txt"
     ;;
