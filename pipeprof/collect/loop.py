@@ -30,6 +30,7 @@ timer: a CUDA-event timer's durations are known steps later and are the regions'
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -57,8 +58,8 @@ class StepLog:
         self._pending: dict[str, dict[str, list[int]]] = {
             name: {k: [] for k in STEP_PARTS} for name in ("first", "steady")
         }
-        self._pending_regions: dict[str, list[int]] = {}
-        self._pending_host: dict[str, list[int]] = {}
+        self._pending_regions: defaultdict[str, list[int]] = defaultdict(list)
+        self._pending_host: defaultdict[str, list[int]] = defaultdict(list)
         self._class_ns = {"transfer": 0, "overhead": 0, "comm": 0}
         self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
         self._marks: tuple[int, int, int, dict[str, list[int]]] = (0, 0, 0, self._pending["first"])
@@ -66,29 +67,20 @@ class StepLog:
 
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A user region closed (``Profiler.region``): its figures, its span, its class."""
-        values = self._pending_regions.get(key)
-        if values is None:
-            values = self._pending_regions[key] = []
-        values.append(duration_ns)
+        self._pending_regions[key].append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
         self.classify(key, start_ns, duration_ns)
 
     def region_timed(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A region's duration as its timer measured it (CUDA events: the GPU's, known after
         the step), for the regions' figures."""
-        values = self._pending_regions.get(key)
-        if values is None:
-            values = self._pending_regions[key] = []
-        values.append(duration_ns)
+        self._pending_regions[key].append(duration_ns)
 
     def region_host(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A CUDA-timed region's time on the loop's thread, as it closes: its CPU figures
         (``host_regions``, what the rules weigh against the step), its span on the loop's
         timeline (the trace's clock is the CPU's) and its class."""
-        values = self._pending_host.get(key)
-        if values is None:
-            values = self._pending_host[key] = []
-        values.append(duration_ns)
+        self._pending_host[key].append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
         self.classify(key, start_ns, duration_ns)
 
@@ -109,10 +101,7 @@ class StepLog:
         """Time the step was blocked on communication measured off the loop's thread (DDP's
         all-reduce: NOTE [ Comm ] in collect/comm.py): a ``Comm`` region inside whatever region
         was open then (``Backward``), taken out of compute."""
-        values = self._pending_regions.get("Comm")
-        if values is None:
-            values = self._pending_regions["Comm"] = []
-        values.append(duration_ns)
+        self._pending_regions["Comm"].append(duration_ns)
         self.session.spans.append(("main", "region/Comm", start_ns, duration_ns))
         self._class_ns["comm"] += duration_ns
 
