@@ -15,7 +15,7 @@ from typing import Any
 from pipeprof.collect import ranks
 from pipeprof.collect.comm import CommClock, time_ddp
 from pipeprof.collect.loop import GenericSource, StepLog, run_alone
-from pipeprof.collect.timer import Backend, Timer, resolve_backend
+from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
 from pipeprof.core.recorder import STAGE_EVERY, clock, measure_overhead, recorder
@@ -119,22 +119,18 @@ class Profiler:
         self._steps_log = StepLog(self.session)
         self._ranges: Any = None  # NVTX ranges (NOTE [ NVTX ranges ] in collect/ranges.py)
         if nvtx:
-            from pipeprof.collect.ranges import RangeTimer, open_ranges
+            from pipeprof.collect.ranges import open_ranges
 
             self._ranges = open_ranges(self.session.notes)
-        # CUDA events time the regions' figures; a step's split counts them by the CPU clock
-        log = self._steps_log
-        cuda = resolve_backend(timer) == "cuda"
-        sink, host_sink = (log.region_timed, log.region_host) if cuda else (log.region, None)
+        args: dict[str, Any] = {"backend": timer, "event_factory": event_factory,
+                                "on_cuda": self._timer_sinks}  # fmt: skip
         if self._ranges is not None:
-            self.timer: Timer = RangeTimer(
-                self._ranges, backend=timer, sink=sink, event_factory=event_factory,
-                host_sink=host_sink,
-            )  # fmt: skip
+            from pipeprof.collect.ranges import RangeTimer
+
+            self.timer: Timer = RangeTimer(self._ranges, **args)
         else:
-            self.timer = Timer(
-                backend=timer, sink=sink, event_factory=event_factory, host_sink=host_sink
-            )
+            self.timer = Timer(**args)
+        self._timer_sinks(self.timer)  # "auto": again if it turns to CUDA events
         self._samplers: list[Any] = []
         self._nvml: Any = None
         self._running = False
@@ -142,11 +138,20 @@ class Profiler:
         self._cpu0 = 0
         self._cached: list[Any] = []
         self._twins: list[tuple[Any, Any]] = []
-        self._gpu_events: list[tuple[Any, Any, bool]] = []  # (start, end, a start-up step)
+        # (start, end, the next step a start-up one, CPU ns between the records)
+        self._gpu_events: list[tuple[Any, Any, bool, int]] = []
         self._stream_failed = False
         self._compute_cpu_ns = 0  # the process's CPU time while the loop computed
         self._comm: CommClock | None = None
         self.session.add_cost("control_ns", time.thread_time_ns() - cpu0)
+
+    def _timer_sinks(self, timer: Timer) -> None:
+        """CUDA events time the regions' figures; a step's split counts them by the CPU clock."""
+        log = self._steps_log
+        if timer.backend == "cuda":
+            timer.set_sinks(log.region_timed, log.region_host)
+        else:
+            timer.set_sinks(log.region)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -253,7 +258,7 @@ class Profiler:
     def comm_clock(self) -> CommClock:
         """Where DDP's all-reduce intervals for this Profiler's steps are kept."""
         if self._comm is None:  # GPU buckets' CUDA events where compute has them too
-            cuda = self.timer.backend == "cuda"
+            cuda = self.timer.poll_cuda()
             self._comm = CommClock(events=self.timer._factory if cuda else None)
         return self._comm
 
@@ -334,7 +339,7 @@ class Profiler:
                         nv.pop()
                         depth = 0
                     self._compute_cpu_ns += time.process_time_ns() - cpu_handed
-                    gpu_start = self._gpu_mark(gpu_start, end=True)
+                    gpu_start = self._gpu_mark(gpu_start, end=True, next_first=warmup > 0)
                     if self._comm is not None:
                         self._comm.fold(log, handed, t_end)
                     log.end(handed, t_end)
@@ -386,31 +391,49 @@ class Profiler:
 
     # ---- GPU compute time (CUDA events) ------------------------------------------------------
 
-    def _gpu_mark(self, start: Any, end: bool) -> Any:
-        if self.timer.backend != "cuda":
+    # NOTE [ GPU compute by events ]
+    # An event at each hand-over and one at the next request bracket a step's GPU work; the
+    # CPU clock is read right after each record. Where the GPU span is longer than the CPU's
+    # between the same two records, the GPU ran on past the request, while the loop waited for
+    # the next batch (or was held in copying it): that wait was GPU compute, and the analysis
+    # moves it (analyze/loop.py: _gpu_shift). So a step's pair is counted with the group
+    # (start-up or steady) of the step that follows it, whose wait it overlaps: the start-up
+    # wait, before any kernel, stays wait. The last step of a pass has no step after it; its
+    # pair counts with the steady steps (the group the next pass's steps after start-up join),
+    # which may move up to one step's GPU time too much from their wait. Comparing with the
+    # CPU's own span between the records, not the step's parts, leaves pipeprof's bookkeeping
+    # between them out of the excess.
+
+    def _gpu_mark(self, start: Any, end: bool, next_first: bool = False) -> Any:
+        timer = self.timer
+        if not timer.poll_cuda() or (end and start is None):
             return None
-        event = self.timer._factory()
+        event = timer._free.pop() if timer._free else timer._factory()  # read events, reused
         event.record()
-        if end and start is not None:
-            self._gpu_events.append((start, event, self._steps_log.first))
-            if len(self._gpu_events) >= 64:
-                self._resolve_gpu(block=False)
-            return None
-        return event
+        now = clock()
+        if not end:
+            return event, now
+        self._gpu_events.append((start[0], event, next_first, now - start[1]))
+        if len(self._gpu_events) >= 64:
+            self._resolve_gpu(block=False)
+        return None
 
     def _resolve_gpu(self, block: bool) -> None:
         keep = []
         rec = self._steps_log.record
-        for start, end, first in self._gpu_events:
+        for pair in self._gpu_events:
+            start, end, next_first, cpu_ns = pair
             if block or end.query():
                 if block:
                     end.synchronize()
                 ns = int(start.elapsed_time(end) * 1e6)
-                rec.gpu_compute.add(ns)  # and by part, for the analysis' correction of each
-                part = rec.first if first else rec.steady
+                self.timer._free += (start, end)
+                rec.gpu_compute.add(ns)  # and by the next step's group, for the correction
+                part = rec.first if next_first else rec.steady
                 part.setdefault("gpu_compute", Stat()).add(ns)
+                part.setdefault("gpu_cpu", Stat()).add(cpu_ns)
             else:
-                keep.append((start, end, first))
+                keep.append(pair)
         self._gpu_events = keep
 
     # ---- samplers and streaming --------------------------------------------------------------

@@ -314,9 +314,14 @@ def test_cuda_without_torch_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> 
         Timer("cuda")
 
 
-def fake_torch(available: bool) -> types.ModuleType:
+def fake_torch(available: bool, initialized: bool | None = None) -> types.ModuleType:
+    """torch as the timer sees it: whether it sees a GPU, and whether CUDA is initialised
+    (by default, as soon as it is available)."""
     torch = types.ModuleType("torch")
-    torch.cuda = types.SimpleNamespace(is_available=lambda: available)  # type: ignore[attr-defined]
+    init = available if initialized is None else initialized
+    torch.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        is_available=lambda: available, is_initialized=lambda: init
+    )
     return torch
 
 
@@ -333,6 +338,32 @@ def test_auto_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Timer("auto").backend == "cpu"
     monkeypatch.setitem(sys.modules, "torch", fake_torch(True))
     assert Timer("auto", event_factory=FakeGPU().event).backend == "cuda"
+
+
+def test_auto_backend_waits_for_the_process_to_use_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Auto backend ]: a GPU that this process has not initialised gets no event (an
+    event would create a CUDA context); the timer turns to events at the first region after the
+    process initialises CUDA, and a region open then ends on the CPU clock."""
+    gpu, turned = FakeGPU(), []
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(True, initialized=False))
+    timer = Timer("auto", event_factory=gpu.event, on_cuda=turned.append)
+    timer.start("Epoch")
+    with timer.region("Forward"):
+        pass
+    assert timer.backend == "cpu" and gpu.created == 0 and not timer.poll_cuda()
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(True, initialized=True))
+    with timer.region("Forward"):
+        gpu.now_ms += 4.0
+    assert timer.backend == "cuda" and turned == [timer] and gpu.created == 2
+    timer.end("Epoch")
+    gpu.completed = gpu.recorded
+    stats = timer.stats()
+    assert stats["Forward"]["count"] == 2 and stats["Forward"]["max_ms"] == pytest.approx(4.0)
+    assert stats["Epoch"]["count"] == 1 and gpu.created == 2  # the CPU clock's, no event
+    # a machine whose torch sees no GPU stops looking
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(False))
+    cpu_only = Timer("auto")
+    assert not cpu_only.poll_cuda() and not cpu_only._auto
 
 
 def test_bad_arguments() -> None:

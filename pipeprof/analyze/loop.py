@@ -82,9 +82,14 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
     share = n_steady / (n_first + n_steady) if n_first + n_steady else 0.0
     p_first = _parts(first, h2d_s * (1 - share))
     p_steady = _parts(steady, h2d_s * share)
-    shift = _gpu_shift(loop.gpu_compute, (first, p_first), (steady, p_steady))
+    gpu_copies = session.meta.get("h2d_clock") == "cuda"
+    shift, held = _gpu_shift(
+        loop.gpu_compute,
+        (first, p_first, _held(first, h2d_s * (1 - share), gpu_copies)),
+        (steady, p_steady, _held(steady, h2d_s * share, gpu_copies)),
+    )
     comm_gpu = (session.meta.get("comm") or {}).get("gpu") or {}
-    comm_shift = _comm_shift(comm_gpu, "first", p_first) + _comm_shift(comm_gpu, "steady", p_steady)
+    comm_shift = _comm_shift(comm_gpu, ("first", p_first), ("steady", p_steady))
     total = {k: p_first[k] + p_steady[k] for k in p_first}
     both = {k: Stat() for k in ("wait", "starved", "handover")}
     for part in (first, steady):
@@ -111,6 +116,7 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
             if loop.gpu_compute.count
             else None,
             "wait_moved_to_gpu_compute_s": round(shift, 9),
+            "transfer_moved_to_gpu_compute_s": round(held, 9),
             "compute_moved_to_comm_s": round(comm_shift, 9) if comm_gpu else None,
         }
     )
@@ -209,43 +215,75 @@ def steady_enough(steps: int, parts: dict[str, float]) -> bool:
 BRACKETED = ("compute", "overhead", "user_transfer", "comm")  # a step's part after hand-over
 
 
-def _gpu_shift(gpu: Stat, *parts: tuple[dict[str, Stat], dict[str, float]]) -> float:
-    """Move wait to compute where CUDA events saw the GPU busy longer than the CPU's part of the
-    steps they bracket (from the hand-over to the next request: compute, other regions, the
-    user's transfer, comm): in each group of steps (start-up, steady) by its own events. A file
-    from before they were kept by group shares the excess out by CPU compute."""
+def _held(part: dict[str, Stat], h2d_s: float, gpu_copies: bool) -> float:
+    """Seconds the loop's thread spent in pipeprof's copies beyond the copies' own GPU time
+    (CUDA events, ``gpu_copies``): held behind the GPU's queued work (a pageable copy waits for
+    the kernels before it; a full launch queue holds any call), which is GPU compute too."""
+    return max(0.0, part["transfer"].total_ns / 1e9 - h2d_s) if gpu_copies else 0.0
+
+
+def _gpu_shift(
+    gpu: Stat, *parts: tuple[dict[str, Stat], dict[str, float], float]
+) -> tuple[float, float]:
+    """Move wait to compute where CUDA events saw the GPU busy longer than the CPU between the
+    same events (NOTE [ GPU compute by events ] in profiler.py): in each group of steps
+    (start-up, steady) by the events of the steps before its own, the wait first, then the time
+    the copies were held behind the GPU (``held``, seconds of transfer). Files from before the
+    CPU's span was kept compare with the steps' parts after the hand-over (compute, other
+    regions, the user's transfer, comm); files from before the groups were kept share the
+    excess out by CPU compute. Returns the seconds moved from wait and from transfer."""
     if not gpu.count:
-        return 0.0
-    moved = 0.0
-    if any("gpu_compute" in stats for stats, _ in parts):
-        for stats, p in parts:
+        return 0.0, 0.0
+    moved = copied = 0.0
+    if any("gpu_compute" in stats for stats, _, _ in parts):
+        for stats, p, held in parts:
             ns = stats["gpu_compute"].total_ns if "gpu_compute" in stats else 0
-            cpu = sum(stats[k].total_ns for k in BRACKETED) / 1e9
-            m = min(p["wait_s"], max(0.0, ns / 1e9 - cpu))
+            if "gpu_cpu" in stats:
+                cpu = stats["gpu_cpu"].total_ns / 1e9
+            else:
+                cpu = sum(stats[k].total_ns for k in BRACKETED) / 1e9
+            excess = max(0.0, ns / 1e9 - cpu)
+            m = min(p["wait_s"], excess)
+            t = min(held, p["transfer_s"], excess - m)
             p["wait_s"] -= m
-            p["compute_s"] += m
+            p["transfer_s"] -= t
+            p["compute_s"] += m + t
             moved += m
-        return moved
-    cpu = sum(p["compute_s"] for _, p in parts)
+            copied += t
+        return moved, copied
+    cpu = sum(p["compute_s"] for _, p, _ in parts)
     excess = gpu.total_ns / 1e9 - cpu
-    for _, p in parts:
+    for _, p, _ in parts:
         if excess <= 0:
             break
         m = min(p["wait_s"], excess * (p["compute_s"] / cpu if cpu else 1.0))
         p["wait_s"] -= m
         p["compute_s"] += m
         moved += m
-    return moved
+    return moved, 0.0
 
 
-def _comm_shift(gpu: dict[str, Any], name: str, part: dict[str, float]) -> float:
-    """Move compute to comm where CUDA events saw a group of steps' (``name``: start-up or
-    steady) DDP all-reduces exposed longer than the host did for the same steps (NCCL: NOTE
-    [ Comm on the GPU ] in collect/comm.py). Other comm (a ``Comm`` region) is not compared."""
-    excess = (gpu.get(f"{name}_exposed_s") or 0.0) - (gpu.get(f"{name}_host_exposed_s") or 0.0)
-    moved = min(max(0.0, excess), part["compute_s"])
-    part["compute_s"] -= moved
-    part["comm_s"] += moved
+def _comm_shift(gpu: dict[str, Any], *groups: tuple[str, dict[str, float]]) -> float:
+    """Move compute to comm where CUDA events saw a group of steps' (start-up or steady) DDP
+    all-reduces exposed longer than the host did for the same steps (NCCL: NOTE [ Comm on the
+    GPU ] in collect/comm.py), from that group's compute, and what it cannot hold from the
+    other's: a step's GPU time counts with the step after it (NOTE [ GPU compute by events ]
+    in profiler.py), so the start-up steps' last all-reduce is in the steady steps' compute.
+    Other comm (a ``Comm`` region) is not compared."""
+    moved = spill = 0.0
+    for name, part in groups:
+        excess = (gpu.get(f"{name}_exposed_s") or 0.0) - (gpu.get(f"{name}_host_exposed_s") or 0.0)
+        m = min(max(0.0, excess), part["compute_s"])
+        spill += max(0.0, excess) - m
+        part["compute_s"] -= m
+        part["comm_s"] += m
+        moved += m
+    for _, part in groups:
+        m = min(spill, part["compute_s"])
+        part["compute_s"] -= m
+        part["comm_s"] += m
+        moved += m
+        spill -= m
     return moved
 
 

@@ -81,7 +81,7 @@ class _Key:
     def __init__(self, name: str) -> None:
         self.name = name
         self.stack: list[int] = []  # clock() at each open start, ns
-        self.events: list[Event] = []  # the open starts' events (cuda)
+        self.events: list[Event | None] = []  # the open starts' events (cuda; None: CPU clock)
         self.buf: list[int] = []  # durations in ns, folded into ``stat`` in batches
         self.stat = Stat()
 
@@ -127,13 +127,40 @@ def _no_events() -> Event:
 
 
 def resolve_backend(backend: str) -> str:
-    """``"cpu"`` or ``"cuda"``: what a Timer made with ``backend`` will use."""
+    """``"cpu"`` or ``"cuda"``: what a Timer made with ``backend`` uses at first (NOTE [ Auto
+    backend ]: ``"auto"`` may turn to ``"cuda"`` later)."""
     if backend == "auto":
-        torch = sys.modules.get("torch")  # never import torch just to decide
-        return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_in_use() else "cpu"
     if backend not in ("cpu", "cuda"):
         raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', not {backend!r}")
     return backend
+
+
+# NOTE [ Auto backend ]
+# ``"auto"`` times with CUDA events once this process has initialised CUDA itself (the model or a
+# batch went to the GPU), never before: recording an event would create a CUDA context (hundreds
+# of MB of GPU memory, and a context on GPU 0 for every rank of a CPU-only torchrun job), which
+# the user's code can see (``torch.cuda.is_initialized()``), and a CPU-only loop on a machine
+# with a GPU would have its steps bracketed by events on an idle GPU. Until then the timer runs
+# on the CPU clock and checks at each region's start (``poll_cuda``; the Profiler also checks at
+# each step); where torch sees no GPU at all, it stops checking. A region open when the timer
+# turns to CUDA ends on the CPU clock (the GPU had run nothing of the user's before it).
+
+
+def cuda_in_use() -> bool:
+    """Whether torch is imported and this process has initialised CUDA (never imports torch
+    or initialises CUDA to find out)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_initialized())
+
+
+_UNSEEN = object()  # an auto Timer made before torch was imported
+
+
+def _cuda_possible() -> bool:
+    """False once torch is imported and sees no GPU: ``auto`` can stop checking."""
+    torch = sys.modules.get("torch")
+    return torch is None or bool(torch.cuda.is_available())
 
 
 class Timer:
@@ -141,9 +168,10 @@ class Timer:
 
     ``backend``: ``"cpu"`` times with ``clock`` (``time.perf_counter_ns``, integer nanoseconds);
     ``"cuda"`` times GPU work with CUDA events (see NOTE [ CUDA event batching ]);
-    ``"auto"`` picks ``cuda`` when torch is already imported and sees a GPU, else ``cpu``.
-    ``event_factory`` makes the ``cuda`` backend's events (default
-    ``torch.cuda.Event(enable_timing=True)``). ``sink(key, start_ns, duration_ns)`` is called for
+    ``"auto"`` uses ``cuda`` once this process has initialised CUDA, ``cpu`` until then (NOTE
+    [ Auto backend ]; ``on_cuda(timer)`` is called when it turns). ``event_factory`` makes the
+    ``cuda`` backend's events (default ``torch.cuda.Event(enable_timing=True)``).
+    ``sink(key, start_ns, duration_ns)`` is called for
     every region when its duration is known; ``start_ns`` is ``clock()`` at ``start``. On the
     ``cuda`` backend, ``host_sink`` is called the same way at each ``end``, with the CPU clock's
     duration (what the loop's thread spent in the region: a step's split is of that time).
@@ -155,13 +183,16 @@ class Timer:
     """
 
     __slots__ = (
+        "_auto",
         "_clock",
         "_cuda",
+        "_event_factory",
         "_factory",
         "_free",
         "_host_sink",
         "_keys",
         "_next_resolve",
+        "_on_cuda",
         "_pending",
         "_regions",
         "_resolve_every",
@@ -178,12 +209,19 @@ class Timer:
         resolve_every: int = 64,
         event_factory: Callable[[], Event] | None = None,
         host_sink: Sink | None = None,
+        on_cuda: Callable[[Timer], None] | None = None,
     ) -> None:
         if resolve_every < 0:
             raise ValueError(f"resolve_every must be >= 0, not {resolve_every}")
-        #: The backend in use, ``"cpu"`` or ``"cuda"`` (``"auto"`` resolved).
+        #: The backend in use, ``"cpu"`` or ``"cuda"`` (``"auto"`` resolved: NOTE [ Auto backend ]).
         self.backend = resolve_backend(backend)
         self._cuda = self.backend == "cuda"
+        # auto and not yet CUDA: _UNSEEN until torch is imported, then whether it sees a GPU
+        self._auto: object = False
+        if backend == "auto" and not self._cuda:
+            self._auto = _cuda_possible() if "torch" in sys.modules else _UNSEEN
+        self._event_factory = event_factory
+        self._on_cuda = on_cuda
         self._factory = _no_events
         if self._cuda:
             self._factory = event_factory or _cuda_event_factory()
@@ -203,13 +241,36 @@ class Timer:
             k = self._keys[key]
         except (KeyError, TypeError):
             k = self._keys[_check_key(key)] = _Key(key)
-        if self._cuda:
+        if self._cuda or (self._auto and self.poll_cuda()):
             event = self._free.pop() if self._free else self._factory()
             k.stack.append(self._clock())
             event.record()
             k.events.append(event)
         else:
             k.stack.append(self._clock())
+
+    def poll_cuda(self) -> bool:
+        """Whether the timer uses CUDA events: an ``auto`` timer turns to them here once the
+        process has initialised CUDA (NOTE [ Auto backend ])."""
+        if self._cuda:
+            return True
+        if not self._auto:
+            return False
+        if not cuda_in_use():
+            if self._auto is _UNSEEN and "torch" in sys.modules:  # asked once torch is there
+                self._auto = _cuda_possible()
+            return False
+        self._factory = self._event_factory or _cuda_event_factory()
+        self.backend, self._cuda, self._auto = "cuda", True, False
+        for k in self._keys.values():  # open regions end on the CPU clock
+            k.events[:0] = [None] * (len(k.stack) - len(k.events))
+        if self._on_cuda is not None:
+            self._on_cuda(self)
+        return True
+
+    def set_sinks(self, sink: Sink | None, host_sink: Sink | None = None) -> None:
+        """Where closed regions go from now on (``sink``; ``host_sink`` on the cuda backend)."""
+        self._sink, self._host_sink = sink, host_sink
 
     def end(self, key: str) -> None:
         """Close the innermost open region named ``key``; ``ValueError`` if none is open."""
@@ -326,6 +387,9 @@ class Timer:
         except (KeyError, IndexError, TypeError):
             raise self._unmatched(key) from None
         start_ns = k.stack.pop()  # both stacks before anything that may raise
+        if start is None:  # opened before the timer turned to CUDA: the CPU clock's
+            self._end_host(k, start_ns)
+            return
         end = self._free.pop() if self._free else self._factory()
         end.record()
         self._pending.append((k, start_ns, start, end))
@@ -333,6 +397,15 @@ class Timer:
             self._host_sink(key, start_ns, self._clock() - start_ns)
         if len(self._pending) > self._next_resolve:
             self._resolve_ready()
+
+    def _end_host(self, k: _Key, start_ns: int) -> None:
+        duration = self._clock() - start_ns
+        k.buf.append(duration)
+        if len(k.buf) >= _FOLD_EVERY:
+            k.fold()
+        for sink in (self._sink, self._host_sink):
+            if sink is not None:
+                sink(k.name, start_ns, duration)
 
     def _resolve_ready(self) -> None:
         """Record the pending pairs the GPU has finished, without blocking."""

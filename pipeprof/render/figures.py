@@ -75,6 +75,25 @@ def util(value: Any) -> str:
     return "n/a" if value is None else f"{float(value):.0f}%"
 
 
+def gpu_util_line(loop: dict[str, Any], utilisation: str = "util") -> str | None:
+    """The GPU's utilisation while the loop waited in ``next()`` and while it computed; where
+    CUDA events moved some of that wait to compute, the line says the kernels ran on through it
+    (a high figure while "waiting" is then no contradiction)."""
+    if loop.get("gpu_util_waiting") is None and loop.get("gpu_util_computing") is None:
+        return None
+    line = (
+        f"GPU {utilisation} while waiting for data {util(loop.get('gpu_util_waiting'))}, "
+        f"while computing {util(loop.get('gpu_util_computing'))}"
+    )
+    moved = loop.get("wait_moved_to_gpu_compute_s") or 0.0
+    if moved > 0:
+        line += (
+            f" (its kernels ran on through {num(moved)} s of the loop's wait, counted as "
+            "compute)"
+        )
+    return line
+
+
 def is_loop(data: dict[str, Any]) -> bool:
     return bool(data.get("loop"))
 

@@ -18,6 +18,7 @@ from pipeprof.render.figures import (
     comm_line,
     coverage,
     gpu_devices,
+    gpu_util_line,
     h5_epochs,
     h5_table,
     headline,
@@ -129,10 +130,7 @@ def gpu_lines(data: dict[str, Any]) -> str:
     if gpu and not gpu_devices(data):
         lines.append(f"GPU not sampled: {escape(str(gpu.get('note') or 'n/a'))}")
     if loop.get("gpu_util_waiting") is not None:
-        lines.append(
-            f"GPU utilisation while waiting for data {util(loop['gpu_util_waiting'])}, "
-            f"while computing {util(loop.get('gpu_util_computing'))}"
-        )
+        lines.append(escape(gpu_util_line(loop, "utilisation") or ""))
     if loop.get("idle_while_waiting_fraction") is not None:
         lines.append(
             f"the GPU sat idle waiting for data {pct(loop['idle_while_waiting_fraction'])}"

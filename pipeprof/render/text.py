@@ -28,6 +28,7 @@ from pipeprof.render.figures import (
     comm_line,
     coverage,
     gpu_devices,
+    gpu_util_line,
     h5_epochs,
     h5_table,
     headline,
@@ -265,11 +266,8 @@ def utilisation(data: dict[str, Any]) -> RenderableType | None:
         )
     if gpu and not gpu_devices(data):
         lines.append(f"GPU: n/a ({gpu.get('note') or 'not sampled'})")
-    if loop.get("gpu_util_waiting") is not None or loop.get("gpu_util_computing") is not None:
-        lines.append(
-            f"GPU util while waiting for data {util(loop.get('gpu_util_waiting'))}, "
-            f"while computing {util(loop.get('gpu_util_computing'))}"
-        )
+    if (line := gpu_util_line(loop)) is not None:
+        lines.append(line)
     idle = loop.get("idle_while_waiting_fraction")
     if idle is not None:
         lines.append(f"GPU idle waiting for data: {pct(idle)} of the loop's time")

@@ -520,6 +520,8 @@ class ProfiledLoader:
         self.h2d = H2DTimer(self.device) if self.device is not None else None
         self.non_blocking = bool(loader.pin_memory)
         session.meta.update(describe(loader, self.device))
+        if self.h2d is not None:  # the GPU's copy time, or the CPU clock's (analyze/loop.py)
+            session.meta["h2d_clock"] = "cuda" if self.h2d.cuda else "cpu"
         if not self.opaque:  # each batch comes stamped with when it was ready
             session.meta["wait_split"] = True
         session.add_cost("setup_ns", clock() - t0)
