@@ -5,8 +5,9 @@ rechunked as the ``h5-read-amplification`` finding says, against a real DataLoad
     .venv/bin/python benchmarks/h5_rechunk_validation.py --rounds 6 --batch-sizes 32
 
 A climate-style field (288 time steps of 32 × 32 float32) stored gzip, chunked 288 steps deep
-(1.12 MiB a chunk, over the 1 MiB chunk cache), read one step per sample by a lazily opening
-dataset (``tests/h5data.py``'s LazyH5) with 2 workers: each read decodes 288× what it returns.
+(1.12 MiB a chunk, over a 1 MiB chunk cache: the file is opened with one under any HDF5), read
+one step per sample by a lazily opening dataset (``tests/h5data.py``'s LazyH5) with 2 workers:
+each read decodes 288× what it returns.
 ``bench_encodings`` over that loader predicts the rate with ``HDF5 gzip, 1 sample/chunk``; the
 same field written with chunks of one step is then run for real (steady samples/s, as in worker
 scaling). Error = predicted / measured - 1.
@@ -45,7 +46,8 @@ def main() -> int:
         for bs in (int(v) for v in args.batch_sizes.split(",")):
             errors = []
             for _ in range(args.rounds):
-                loader = DataLoader(LazyH5(bad, n=288), batch_size=bs, num_workers=2)
+                loader = DataLoader(LazyH5(bad, n=288, rdcc_nbytes=2**20), batch_size=bs,
+                                    num_workers=2)  # fmt: skip
                 e = pipeprof.bench_encodings(loader, samples=args.samples, kinds=["hdf5"])
                 row = next(r for r in e["rows"] if r["encoding"] == TARGET)
                 run = run_loader(LazyH5(good, n=288), list(range(288)), 2, bs, default_collate,

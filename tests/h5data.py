@@ -26,10 +26,14 @@ def field(t: int, lat: int = 32, lon: int = 32, seed: int = 0):
 class LazyH5(Dataset):
     """The recommended pattern: the file is opened on first use, in the process that reads.
     ``how``: ``item`` reads ``d[i]``, ``fancy`` ``d[[i, i + step]]``, ``direct`` read_direct,
-    ``block`` ``d[i:i + step]``, ``reopen`` ``f[name][i]`` (a new Dataset object each read)."""
+    ``block`` ``d[i:i + step]``, ``reopen`` ``f[name][i]`` (a new Dataset object each read).
+    ``rdcc_nbytes``: the chunk cache the file is opened with (None: HDF5's default, 1 MiB before
+    HDF5 2.0, 8 MiB from it)."""
 
-    def __init__(self, path, name: str = "x", how: str = "item", step: int = 3, n=None):
+    def __init__(self, path, name: str = "x", how: str = "item", step: int = 3, n=None,
+                 rdcc_nbytes=None):  # fmt: skip
         self.path, self.name, self.how, self.step = str(path), name, how, step
+        self.options = {} if rdcc_nbytes is None else {"rdcc_nbytes": rdcc_nbytes}
         self.f = None
         with h5py.File(self.path, "r") as f:
             self.shape = f[name].shape
@@ -40,7 +44,7 @@ class LazyH5(Dataset):
 
     def __getitem__(self, i: int):
         if self.f is None:
-            self.f = h5py.File(self.path, "r")
+            self.f = h5py.File(self.path, "r", **self.options)
         d = self.f[self.name]
         if self.how == "fancy":
             x = d[[i, i + self.step]]

@@ -6,17 +6,16 @@ import copy
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from machine import PIPEPROF
 from pipelines import CostDataset
 from torch.utils.data import DataLoader
 
 import pipeprof
 
-BIN = Path(sys.executable).with_name("pipeprof")
 LOOP = Path(__file__).parent / "golden" / "session-loop.json"  # a recorded training loop
 
 
@@ -246,7 +245,7 @@ def test_plain_report_json_that_is_damaged_is_named_by_compare(saved, tmp_path):
 
 def cli(*args):
     return subprocess.run(
-        [str(BIN), *map(str, args)], capture_output=True, text=True, timeout=120,
+        [*PIPEPROF, *map(str, args)], capture_output=True, text=True, timeout=120,
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
 

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-BIN = Path(sys.executable).with_name("pipeprof")
+from machine import PIPEPROF, SCRIPT
 
 
 def run(*args, cwd=None):
@@ -26,7 +25,7 @@ def run(*args, cwd=None):
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     res = run(
-        str(BIN),
+        *PIPEPROF,
         "demo",
         "--images",
         "128",
@@ -48,7 +47,18 @@ def test_demo_prints_summary_and_writes_html(demo):
     assert (out / "demo.html").read_text().startswith("<!DOCTYPE html>")
 
 
-@pytest.mark.parametrize("prefix", [[str(BIN)], [sys.executable, "-m", "pipeprof"]])
+NO_SCRIPT = "pipeprof is not installed (it runs from PYTHONPATH): no console script"
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        pytest.param(
+            [str(SCRIPT)], marks=pytest.mark.skipif(not SCRIPT.exists(), reason=NO_SCRIPT)
+        ),
+        [sys.executable, "-m", "pipeprof"],
+    ],
+)
 def test_report_formats(demo, prefix, tmp_path):
     out, _ = demo
     res = run(*prefix, "report", str(out / "demo.json"), "--format", "json")
@@ -62,11 +72,11 @@ def test_report_formats(demo, prefix, tmp_path):
 
 
 def test_bad_file_gives_a_clear_error_and_exit_2(tmp_path):
-    res = run(str(BIN), "report", str(tmp_path / "nope.json"))
+    res = run(*PIPEPROF, "report", str(tmp_path / "nope.json"))
     assert res.returncode == 2 and "no such pipeprof file" in res.stderr
     # the path comes back whole: no markup read from it, no line break put into it
     odd = tmp_path / ("[bold]run " + "x" * 90) / "[1].json"
-    res = run(str(BIN), "report", str(odd))
+    res = run(*PIPEPROF, "report", str(odd))
     assert res.returncode == 2 and str(odd) in res.stderr
 
 
@@ -89,14 +99,14 @@ def test_user_mistakes_give_a_message_and_exit_2(tmp_path):
     if not torch.cuda.is_available():
         cases.append((["demo", "--device", "cuda"], "CUDA is not available here"))
     for args, message in cases:
-        res = run(str(BIN), *args)
+        res = run(*PIPEPROF, *args)
         assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
         assert "Traceback" not in res.stderr, (args, res.stderr)
 
 
 def test_output_that_is_a_folder_gives_a_message(demo, tmp_path):
     out, _ = demo
-    res = run(str(BIN), "report", str(out / "demo.json"), "-o", str(tmp_path))
+    res = run(*PIPEPROF, "report", str(out / "demo.json"), "-o", str(tmp_path))
     assert res.returncode == 2 and "is a folder: give the path of a file" in res.stderr
     assert "Traceback" not in res.stderr
     from pipeprof.cli import _os_message
@@ -148,22 +158,22 @@ def test_output_extension_that_names_no_format_is_refused(tmp_path):
         (["compare", GOOD, GOOD, "-o", tmp_path / "c.trace.json"], "names the chrome format"),
     ]
     for args, message in cases:
-        res = run(str(BIN), *map(str, args))
+        res = run(*PIPEPROF, *map(str, args))
         assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
         assert "Traceback" not in res.stderr and str(args[-1]) in res.stderr
     assert not list(tmp_path.iterdir())  # nothing written as text under a name that says pdf
-    res = run(str(BIN), "report", str(GOOD), "-o", str(tmp_path / "out.pdf"), "--format", "text")
+    res = run(*PIPEPROF, "report", str(GOOD), "-o", str(tmp_path / "out.pdf"), "--format", "text")
     assert res.returncode == 0 and "pipeline stages" in (tmp_path / "out.pdf").read_text()
 
 
 @pytest.mark.skipif(not Path("/proc/version").exists(), reason="needs Linux /proc")
 def test_output_io_errors_name_the_path():
-    res = run(str(BIN), "report", str(GOOD), "-o", "/proc/version")  # no format's extension
+    res = run(*PIPEPROF, "report", str(GOOD), "-o", "/proc/version")  # no format's extension
     assert res.returncode == 2 and "/proc/version" in res.stderr, res.stderr
-    res = run(str(BIN), "report", str(GOOD), "--format", "json", "-o", "/proc/version")
+    res = run(*PIPEPROF, "report", str(GOOD), "--format", "json", "-o", "/proc/version")
     assert res.returncode == 2 and "pipeprof: /proc/version: " in res.stderr, res.stderr
     assert "Traceback" not in res.stderr  # write() fails there, naming no file itself
-    res = run(str(BIN), "compare", str(GOOD), str(GOOD), "-o", "/proc/version.txt")
+    res = run(*PIPEPROF, "compare", str(GOOD), str(GOOD), "-o", "/proc/version.txt")
     assert res.returncode == 2 and "pipeprof: /proc/version.txt" in res.stderr, res.stderr
 
 
@@ -176,7 +186,7 @@ def test_outputs_are_checked_before_the_work_starts(tmp_path):
     for args in (["--html", "/nonexistent/x.html"], ["-o", "/nonexistent/x.json"],
                  ["--html", str(tmp_path)]):  # fmt: skip
         t0 = time.monotonic()
-        res = subprocess.run([str(BIN), "demo", *args], capture_output=True, text=True,
+        res = subprocess.run([*PIPEPROF, "demo", *args], capture_output=True, text=True,
                              timeout=120, env=env)  # fmt: skip
         assert res.returncode == 2 and f"pipeprof: {args[1]}" in res.stderr, res.stderr
         assert time.monotonic() - t0 < 10 and not list(scratch.iterdir())  # no images, no run
@@ -186,6 +196,6 @@ def test_outputs_are_checked_before_the_work_starts(tmp_path):
     factory.write_text(f"def data():\n    open({str(called)!r}, 'w').close()\n    return [1]\n")
     for out, message in (("/nonexistent/b.json", "/nonexistent/b.json: no such file"),
                          (str(tmp_path / "b.pdf"), "names no format")):  # fmt: skip
-        res = run(str(BIN), "bench", f"{factory}:data", "-o", out)
+        res = run(*PIPEPROF, "bench", f"{factory}:data", "-o", out)
         assert res.returncode == 2 and message in res.stderr, res.stderr
         assert not called.exists()  # refused before the benchmark ran

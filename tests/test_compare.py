@@ -13,10 +13,10 @@ import subprocess
 import sys
 import time
 from html import escape
-from pathlib import Path
 
 import pytest
 from golden_reports import DESIGN, FIXED, GOLDEN, LOADER, LOOP, assert_golden, golden_report
+from machine import PIPEPROF
 from pipelines import Sometimes
 from torch.utils.data import DataLoader
 
@@ -24,8 +24,6 @@ import pipeprof
 from pipeprof.analyze.compare import delta, other_load
 from pipeprof.render.figures import num
 from pipeprof.report import Comparison, compare
-
-BIN = Path(sys.executable).with_name("pipeprof")
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +183,7 @@ def test_cli_compare(fix, tmp_path):
     shutil.copy(GOLDEN / LOADER, before)
     shutil.copy(GOLDEN / LOADER, after)
     res = subprocess.run(
-        [str(BIN), "compare", str(before), str(after)],
+        [*PIPEPROF, "compare", str(before), str(after)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -204,14 +202,14 @@ def test_cli_compare(fix, tmp_path):
     )
     assert res.returncode == 0 and out.read_text().startswith("<!DOCTYPE html>")
     res = subprocess.run(
-        [str(BIN), "compare", str(before), str(after), "--format", "json"],
+        [*PIPEPROF, "compare", str(before), str(after), "--format", "json"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert json.loads(res.stdout)["schema"] == "pipeprof-compare/1"
     res = subprocess.run(
-        [str(BIN), "compare", str(before), str(tmp_path / "missing.json")],
+        [*PIPEPROF, "compare", str(before), str(tmp_path / "missing.json")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -16,6 +16,7 @@ from pipeprof.core.recorder import counts, recorder
 from pipeprof.core.session import Session
 from pipeprof.render.figures import num
 
+MIB = 2**20
 ORIGINAL = h5py.Dataset.__dict__["__getitem__"], h5py.Dataset.__dict__["read_direct"]
 
 
@@ -160,9 +161,9 @@ class OwnStage(LazyH5):
 
 @pytest.mark.timing
 def test_a_bad_chunk_layout_gives_the_amplification_finding_and_rechunking_pays(tmp_path):
-    """One step read at random from gzip chunks of 288 steps (1.1 MiB, above the 1 MiB chunk
-    cache): 288× decoded per byte returned, every read. Rechunked to one step per chunk the
-    finding goes and the reads get much faster."""
+    """One step read at random from gzip chunks of 288 steps (1.1 MiB, above a 1 MiB chunk
+    cache, HDF5's default before 2.0, asked for here): 288× decoded per byte returned, every
+    read. Rechunked to one step per chunk the finding goes and the reads get much faster."""
     bad, good = tmp_path / "bad.h5", tmp_path / "good.h5"
     data = field(288, 32, 32)
     write(bad, "x", data, chunks=(288, 32, 32), compression="gzip")
@@ -170,13 +171,13 @@ def test_a_bad_chunk_layout_gives_the_amplification_finding_and_rechunking_pays(
 
     def run(path):
         g = torch.Generator().manual_seed(0)
-        loader = DataLoader(LazyH5(path, n=288), batch_size=4, shuffle=True, generator=g,
-                            num_workers=2, multiprocessing_context="fork")  # fmt: skip
+        loader = DataLoader(LazyH5(path, n=288, rdcc_nbytes=MIB), batch_size=4, shuffle=True,
+                            generator=g, num_workers=2, multiprocessing_context="fork")  # fmt: skip
         return pipeprof.profile(loader, batches=12)
 
     report = run(bad)
     f = finding_of(report, "h5-read-amplification")
-    assert f is not None and f["severity"] == "warning"
+    assert f is not None and f["severity"] == "warning" and f["evidence"]["cache_bytes"] == MIB
     expected = (288 * 32 * 32) / (1 * 32 * 32)  # chunk elements / elements a read returns
     assert f["evidence"]["decoded_amplification"] == expected
     assert f["evidence"]["chunks_per_read"] == 1.0 and f["evidence"]["every_read_decodes"]
@@ -225,12 +226,46 @@ def test_the_first_epoch_s_reads_are_kept_apart_from_later_ones(tmp_path):
 
 def test_unfiltered_chunks_larger_than_the_cache_are_not_amplified(tmp_path):
     """HDF5 reads only the selected part of an unfiltered chunk that does not fit the chunk
-    cache: the decoded figure is there, but no finding claims the bytes are read."""
+    cache: the decoded figure is there, but no finding claims the bytes are read. Where the
+    1.1 MiB chunk fits the cache it is read whole into it, and the finding says so."""
     path = tmp_path / "raw.h5"
     write(path, "x", field(288, 32, 32), chunks=(288, 32, 32))
-    report = pipeprof.profile(DataLoader(LazyH5(path, n=16), batch_size=4))
+    report = pipeprof.profile(DataLoader(LazyH5(path, n=16, rdcc_nbytes=MIB), batch_size=4))
     assert h5_rows(report)["/x"]["decoded_amplification"] == 288.0
     assert finding_of(report, "h5-read-amplification") is None
+    report = pipeprof.profile(DataLoader(LazyH5(path, n=16, rdcc_nbytes=4 * MIB), batch_size=4))
+    f = finding_of(report, "h5-read-amplification")
+    assert f is not None and f["severity"] == "info" and f["evidence"]["cache_bytes"] == 4 * MIB
+
+
+@pytest.mark.parametrize("cache", [MIB, 4 * MIB, None])
+def test_the_finding_follows_the_chunk_cache_the_file_is_opened_with(tmp_path, cache):
+    """The same 1.1 MiB chunks under a 1 MiB chunk cache, a 4 MiB one and the HDF5 library's
+    own default (1 MiB before HDF5 2.0, 8 MiB from it): the cache in the row and the finding is
+    the one the file was opened with, as HDF5 reports it, never a fixed default; gzip chunks
+    decoded again by every read only where they do not fit it, unfiltered chunks flagged only
+    where they do (read whole into it)."""
+    chunk = 288 * 32 * 32 * 4
+    gz, raw = tmp_path / "gz.h5", tmp_path / "raw.h5"
+    write(gz, "x", field(288, 32, 32), chunks=(288, 32, 32), compression="gzip")
+    write(raw, "x", field(288, 32, 32), chunks=(288, 32, 32))
+    with h5py.File(gz, "r", **({} if cache is None else {"rdcc_nbytes": cache})) as f:
+        opened = f.id.get_access_plist().get_cache()[2]  # the file's rdcc_nbytes
+    assert opened == (cache or opened) > 0
+    fits = chunk <= opened
+    for path in (gz, raw):
+        report = pipeprof.profile(DataLoader(LazyH5(path, n=8, rdcc_nbytes=cache), batch_size=4))
+        assert h5_rows(report)["/x"]["cache_bytes"] == opened
+        f = finding_of(report, "h5-read-amplification")
+        if path == raw:
+            assert (f is not None) == fits, (opened, f)
+            continue
+        assert f is not None and f["evidence"]["cache_bytes"] == opened
+        assert f["severity"] == ("info" if fits else "warning")
+        assert f["evidence"]["every_read_decodes"] is (not fits)
+        # a larger cache is offered only where it is larger than the one the file has
+        assert ("rdcc_nbytes=3 * 2**20" in f["fix"]) is (opened < 3 * MIB)
+        assert ("rdcc_nbytes" in f["fix"]) is (opened < 3 * MIB)
 
 
 def test_contiguous_and_closed_files_give_no_wrong_number(tmp_path):

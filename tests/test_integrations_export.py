@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from machine import require
 from pipelines import CostDataset, Scale
 from torch.utils.data import DataLoader
 from torchvision import transforms
@@ -91,6 +92,7 @@ def test_step_numbers_of_a_loop_longer_than_the_kept_steps():
 
 
 def test_tensorboard_read_back_by_tensorboard(report, tmp_path):
+    require("tensorboard", extra="tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     data = report.to_dict()
@@ -116,6 +118,7 @@ def test_tensorboard_read_back_by_tensorboard(report, tmp_path):
 
 
 def test_mlflow_read_back_by_mlflows_client(report, tmp_path, monkeypatch):
+    require("mlflow", extra="mlflow")
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -190,6 +193,7 @@ def wandb_run(root: Path, run_id: str) -> dict:
 
 
 def test_wandb_offline_read_back_from_the_run_file(report, offline_wandb):
+    require("wandb", extra="wandb")
     import wandb
 
     data = report.to_dict()
@@ -231,6 +235,7 @@ def test_unknown_tool(report):
 def test_importing_and_tensorboard_logging_import_no_framework(report, tmp_path):
     """``import pipeprof`` imports none of the tools; TensorBoard logging needs neither
     TensorFlow nor torch (tensorboard's own writer would import TensorFlow where installed)."""
+    require("tensorboard", extra="tensorboard")
     saved, log_dir = str(report.save(tmp_path / "r.json")), str(tmp_path / "tb")
     code = (
         "import sys, pipeprof\n"
@@ -253,6 +258,7 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_pipeprof_run_logs_the_main_loop(tmp_path, monkeypatch):
     """``pipeprof run --log-to`` each tool; a tool that fails leaves the script's exit status."""
+    require("tensorboard", "mlflow", "wandb", extra="tensorboard,mlflow,wandb")
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

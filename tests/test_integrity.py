@@ -9,7 +9,6 @@ import pickle
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import tracemalloc
@@ -17,14 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from machine import PIPEPROF
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 import pipeprof
 from pipeprof.collect.torch.loader import IterDataset, MapDataset
 from pipeprof.core.recorder import recorder
-
-BIN = Path(sys.executable).with_name("pipeprof")
-
 
 # ---- the user's code sees its own dataset --------------------------------------------------
 
@@ -260,7 +257,7 @@ def test_control_characters_in_names_never_reach_the_terminal(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     for extra in ({}, {"NO_COLOR": "1"}, {"FORCE_COLOR": "1"}):
         out = subprocess.run(
-            [str(BIN), "report", str(path)], env={**env, **extra}, capture_output=True
+            [*PIPEPROF, "report", str(path)], env={**env, **extra}, capture_output=True
         )
         assert out.returncode == 0, out.stderr
         assert re.sub(rb"\x1b\[[0-9;]*m", b"", out.stdout).count(b"\x1b") == 0

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from machine import nvml_gpus
 from pipelines import CostDataset, ItemsDataset, Scale, TellsItsTransform, spin
 from torch.utils.data import DataLoader
 from torchvision import transforms
@@ -189,13 +190,26 @@ def test_generic_iterables_and_batch_sizes():
 
 
 def test_host_sampler_runs_alongside_and_stops():
-    loader = DataLoader(CostDataset(16, load_ms=5.0), batch_size=4, num_workers=2)
-    report, _, _, _ = run_loop(loader, 5.0)
+    """The samplers beside a real loop: the host's, and the real NVML one, which samples every
+    GPU where NVML sees one and elsewhere says in a note why it could not."""
+    gpus = nvml_gpus()  # asked of pynvml here, as the sampler will
+    loader = DataLoader(CostDataset(32, load_ms=5.0), batch_size=4, num_workers=2)
+    report, _, _, _ = run_loop(loader, 50.0)  # 8 steps of 50 ms: samples at 20 Hz
     host = report["host"]
     assert host["available"] and host["cpu_count"] >= 1
     assert any(p["role"] == "child" for p in host["per_process"])  # the workers
     gpu = report["gpu"]
-    assert gpu is not None and gpu["available"] is False and gpu["note"]
+    assert gpu is not None
+    if not gpus:  # no pynvml, no driver or no GPU
+        assert gpu["available"] is False and gpu["note"] and not gpu["devices"]
+        return
+    assert gpu["available"] is True, gpu["note"]
+    assert 1 <= len(gpu["devices"]) <= gpus and all(d["name"] for d in gpu["devices"])
+    taken = gpu["timeline"]["t_ns"]
+    assert taken, "no GPU sample taken"
+    for series in ("util", "mem_used_mb"):  # one reading per sample, one value per device
+        readings = gpu["timeline"][series]
+        assert len(readings) == len(taken) and {len(r) for r in readings} == {len(gpu["devices"])}
 
 
 @pytest.mark.timing

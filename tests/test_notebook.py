@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from machine import require
 
 import pipeprof
 
@@ -27,6 +28,7 @@ def find(cells: list[dict[str, Any]], source: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
+    require("nbclient", "nbformat", "ipykernel", extra="test")
     import nbclient
     import nbformat
 
@@ -103,6 +105,7 @@ def test_headline_and_stage_figures(executed):
 
 @pytest.fixture
 def shell(tmp_path, monkeypatch):
+    require("IPython", extra="test")
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -154,6 +157,7 @@ def test_magics_profile_a_loader_and_a_cell(shell, tmp_path):
 
 
 def test_option_parsing_keeps_the_expression_verbatim():
+    require("IPython", extra="test")  # pipeprof.magic is IPython's extension
     from pipeprof.magic import parse
 
     args, rest = parse('-b 3 -q --device cuda:1 make("a b",  x=-1)')

@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import pytest
 from golden_reports import GOLDEN, LOADER, LOOP, golden_report
+from machine import PIPEPROF
 from pipelines import CostDataset, Scale, spin
 from torch.utils.data import DataLoader
 from torchvision import transforms
@@ -21,7 +21,6 @@ import pipeprof
 from pipeprof.render.chrome import EPS_US, assign_lanes, build_trace, inclusive_durations
 
 META = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
-BIN = Path(sys.executable).with_name("pipeprof")
 
 
 def check_trace(trace: dict[str, Any]) -> dict[tuple[int, int], list[dict[str, Any]]]:
@@ -190,7 +189,7 @@ def test_cli_writes_a_trace_by_flag_and_by_extension(tmp_path):
     src = str(GOLDEN / LOADER)
     out = tmp_path / "run.trace.json"
     res = subprocess.run(
-        [str(BIN), "report", src, "-o", str(out)], capture_output=True, text=True, timeout=120
+        [*PIPEPROF, "report", src, "-o", str(out)], capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 0, res.stderr
     check_trace(json.loads(out.read_text()))
