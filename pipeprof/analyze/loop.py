@@ -142,17 +142,22 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
 STEADY_MIN_STEPS = 3
 
 
-def loop_floor(loop: dict[str, Any], samples_per_step: float) -> dict[str, float] | None:
+def loop_floor(
+    loop: dict[str, Any], samples_per_step: float, handover: bool = True
+) -> dict[str, float] | None:
     """What the loop's steps cost when its data is never late, per step in ms: compute,
     transfer, other regions and the hand-over of a ready batch (which more workers do not
-    remove), and the rate in samples/s that this allows: the most any data pipeline can give.
-    Read from the view the verdict reads (``loop["view"]``)."""
+    remove; left out where it overlapped busy workers, ``handover=False``: NOTE [ Capacity
+    before hand-over ] in verdict.py), and the rate in samples/s that this allows: the most any
+    data pipeline can give. Read from the view the verdict reads (``loop["view"]``)."""
     view = (loop.get("steady") or {}) if loop.get("view") == "steady" else loop
     steps = view.get("steps") or loop.get("steps") or 0
     if not steps or not samples_per_step:
         return None
     parts = {k: (view.get(f"{k}_s") or 0.0) * 1e3 / steps
              for k in ("compute", "comm", "transfer", "overhead", "handover")}  # fmt: skip
+    if not handover:
+        parts["handover"] = 0.0
     total = sum(parts.values())
     if total <= 0:
         return None

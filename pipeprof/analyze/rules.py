@@ -16,7 +16,7 @@ from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor, measured_rate
 from pipeprof.analyze.scenarios import from_report, loop_rate, training_cores
 from pipeprof.analyze.tf_rules import TF_RULES
-from pipeprof.analyze.verdict import MODERATE_WAIT, loop_view
+from pipeprof.analyze.verdict import MODERATE_WAIT, handover_overlapped, loop_view
 from pipeprof.analyze.whatif import throughput, workers_for
 from pipeprof.core.regions import region_class
 
@@ -272,7 +272,8 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     if verdict.get("cause") == "hand-over":  # more workers do not help: see rule_handover
         return None
     model = from_report(report, int(cores))
-    floor = loop_floor(loop, model.batch_size) if model is not None else None
+    overlapped = handover_overlapped(report)
+    floor = loop_floor(loop, model.batch_size, not overlapped) if model is not None else None
     if floor is None or model is None:
         return None
     target = floor["samples_per_s"]
@@ -497,6 +498,8 @@ def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     More workers do not shorten it; fewer bytes per batch (with a GPU to convert them on) and
     fewer, larger batches do."""
     loop, wait = report.get("loop"), report.get("wait") or {}
+    if handover_overlapped(report):  # the workers' capacity limits: NOTE in verdict.py
+        return None
     if loop:
         view = loop_view(loop)
         frac = view.get("handover_fraction") or 0.0

@@ -32,6 +32,7 @@ from typing import Any
 
 from pipeprof.analyze.compare import other_load
 from pipeprof.analyze.loop import loop_floor, measured_rate
+from pipeprof.analyze.verdict import handover_overlapped
 from pipeprof.analyze.whatif import (
     Model,
     StageCost,
@@ -70,6 +71,8 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     # floor of its time between batches, whatever the worker count
     handover = (report.get("wait") or {}).get("handover_ms_per_batch") or 0.0
     if not (report.get("meta") or {}).get("num_workers"):  # no workers, no hand-over to measure
+        handover = 0.0
+    if handover_overlapped(report):  # it overlapped busy workers: no floor
         handover = 0.0
     # collate is a stage of the workers' busy time like the others: it gets their CPU share too
     # (counted whole, the README demo's model put 129 ms of CPU in a batch where its workers'
@@ -154,7 +157,8 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
         else ", stages taken as CPU-bound (pipeprof.bench measures their CPU time)"
     )
     n = int(facts["n_workers"])
-    floor = loop_floor(report.get("loop") or {}, model.batch_size)
+    floor = loop_floor(report.get("loop") or {}, model.batch_size,
+                       handover=not handover_overlapped(report))  # fmt: skip
     occupied = training_cores(report, cores)
     others = (other_load(report) or {}).get("other_cores", 0.0)
     measured = measured_rate(report["loop"], model.batch_size) if floor else None

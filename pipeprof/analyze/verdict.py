@@ -55,7 +55,9 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
         "transfer": "copied batches to the device",
         "overhead": "ran non-compute regions (logging, callbacks)",
     }[part]
-    handover = part == "wait" and handover_led(report["loop"], view)
+    saturated = workers_saturated(report, view)
+    led = part == "wait" and handover_led(report["loop"], view)
+    handover = led and saturated is None
     stages = (
         ([] if handover else facts["limiting_group"])
         if part == "wait"
@@ -77,6 +79,11 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
         )
     elif stage and part == "wait":
         headline += f"; {stage_phrase(stages, facts)} the pipeline"
+        if led:
+            headline += (
+                f" (the workers were busy {saturated:.0%} of each step's time: each batch's "
+                "hand-over overlapped the making of the next)"
+            )
     out = {
         "kind": kind,
         "severity": "high" if frac >= HIGH_WAIT else "moderate",
@@ -88,6 +95,9 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
     }
     if part == "wait":
         out["cause"] = "hand-over" if handover else "starved"
+        if saturated is not None:
+            out["workers_busy"] = round(saturated, 4)
+            out["handover_overlapped"] = led
     return out
 
 
@@ -141,6 +151,40 @@ def stage_phrase(stages: list[str], facts: dict[str, Any]) -> str:
     costs = facts["costs"]
     gap = 1 - costs[stages[-1]] / costs[stages[0]] if costs[stages[0]] else 0.0
     return f"{' or '.join(stages)} (within {max(gap, 0.01):.0%} of each other) limit"
+
+
+# NOTE [ Capacity before hand-over ]
+# A wait whose batches were ready when the loop asked is hand-over by the wait split (NOTE
+# [ Wait, split ] in collect/torch/loader.py). But when the workers are busy all along, the
+# pipeline's capacity is what limits the loop, however the last step of each batch's trip went:
+# with the default file_descriptor sharing, rebuilding a received tensor asks the worker's
+# resource-sharer thread, which waits for the GIL that the worker's Python holds while it makes
+# the next batch, so each hand-over takes as long as the worker is busy, and overlaps it. So
+# the wait is starved, and a stage limits, whenever the workers' busy time per batch, over the
+# number of workers, is at least SATURATED of the loop's time per step; the hand-over is blamed
+# only where the workers had slack.
+SATURATED = 0.8
+
+
+def workers_saturated(report: dict[str, Any], view: dict[str, Any]) -> float | None:
+    """The workers' busy time per batch, over their number, as a share of the loop's time per
+    step, where it reaches ``SATURATED`` (NOTE [ Capacity before hand-over ]); else None."""
+    n = (report.get("meta") or {}).get("num_workers") or 0
+    rows = [w for w in report.get("workers") or [] if str(w.get("track", "")).startswith("worker")]
+    batches = sum(w.get("batches") or 0 for w in rows)
+    steps, wall = view.get("steps") or 0, view.get("wall_s") or 0.0
+    if not (n and batches and steps and wall):
+        return None
+    busy = sum(w.get("busy_s") or 0.0 for w in rows) / batches / n
+    share = busy / (wall / steps)
+    return share if share >= SATURATED else None
+
+
+def handover_overlapped(report: dict[str, Any]) -> bool:
+    """The wait split said hand-over, but the verdict found the workers busy all along: that
+    hand-over overlapped the making of the next batches, and is no floor on the loop's time per
+    batch (a hand-over beside a starved wait, where the split says so, stays one)."""
+    return bool((report.get("verdict") or {}).get("handover_overlapped"))
 
 
 def handover_led(loop: dict[str, Any], view: dict[str, Any]) -> bool:
