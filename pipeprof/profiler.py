@@ -316,7 +316,9 @@ class Profiler:
 
     def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
         log = self._steps_log
-        log.record.epochs += 1
+        # a pass counts as an epoch at its second batch, or at its end: one left after its first
+        # batch is a peek (next(iter(loader)) for shapes), not an epoch; its step still counts
+        delivered = 0
         it = iter(source)
         warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
         # A ProfiledLoader says how long its own bookkeeping took inside next() (never the
@@ -355,6 +357,8 @@ class Profiler:
                     batch = next(it)
                 except StopIteration:
                     handed = 0
+                    if delivered < 2:
+                        log.record.epochs += 1
                     return
                 t_got = clock()
                 own_ns -= time.thread_time_ns()
@@ -376,6 +380,9 @@ class Profiler:
                     nv.open("compute")
                     depth = 1
                 own_ns += time.thread_time_ns()
+                delivered += 1
+                if delivered == 2:
+                    log.record.epochs += 1
                 handed = clock()
                 yield batch
         finally:

@@ -514,3 +514,23 @@ def test_no_batch_is_fetched_unprofiled_while_another_profile_records():
             inner = pipeprof.profile(DataLoader(CostDataset(64 * 4), batch_size=4))
     assert inner["overhead"]["unprofiled_batches"] is None
     assert inner["stages"]["load"]["count"] == 64 * 4
+
+
+def test_a_peek_at_the_first_batch_is_no_epoch():
+    """``next(iter(loader))`` before training (for shapes, a summary) is not an epoch: its step
+    counts (its wait was paid), the epochs are the passes that went on or ran to their end, a
+    one-batch loader's included."""
+    data = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(16, 4))
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        loader = prof.wrap(DataLoader(data, batch_size=4))
+        next(iter(loader))  # the peek
+        for _ in range(2):
+            for _ in loader:
+                pass
+        one = prof.wrap(DataLoader(data, batch_size=16))
+        for _ in range(3):
+            for _ in one:
+                pass
+    loop = prof.report()["loop"]
+    assert loop["epochs"] == 2 + 3 and loop["steps"] == 1 + 2 * 4 + 3
