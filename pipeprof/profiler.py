@@ -316,9 +316,11 @@ class Profiler:
 
     def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
         log = self._steps_log
-        # a pass counts as an epoch at its second batch, or at its end: one left after its first
-        # batch is a peek (next(iter(loader)) for shapes), not an epoch; its step still counts
-        delivered = 0
+        # a pass is an epoch from its start (h5py's reads after the first epoch are kept apart
+        # by it), but one left after its first batch is a peek (next(iter(loader)) for shapes),
+        # and is taken back when it closes; its step still counts
+        log.record.epochs += 1
+        delivered, ended = 0, False
         it = iter(source)
         warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
         # A ProfiledLoader says how long its own bookkeeping took inside next() (never the
@@ -357,8 +359,7 @@ class Profiler:
                     batch = next(it)
                 except StopIteration:
                     handed = 0
-                    if delivered < 2:
-                        log.record.epochs += 1
+                    ended = True
                     return
                 t_got = clock()
                 own_ns -= time.thread_time_ns()
@@ -381,11 +382,11 @@ class Profiler:
                     depth = 1
                 own_ns += time.thread_time_ns()
                 delivered += 1
-                if delivered == 2:
-                    log.record.epochs += 1
                 handed = clock()
                 yield batch
         finally:
+            if delivered == 1 and not ended:  # a peek: no epoch
+                log.record.epochs -= 1
             self.session.add_cost("loop_ns", max(0, own_ns))  # < 0: an exception mid-step
             if handed:
                 self._compute_cpu_ns += time.process_time_ns() - cpu_handed
