@@ -15,7 +15,9 @@ it never pays for it) and then patches public seams of its classes:
   own ``pipeprof.Profiler``) pass through unpatched;
 - the optimizer's step (torch's global step hooks), ``Tensor.backward`` and the outermost
   ``Module`` call (``Module.__call__``) become the ``Optimizer``, ``Backward`` and ``Forward``
-  regions of the step of the pass that handed out the last batch.
+  regions of the step of the pass that handed out the last batch. A Module called while a batch
+  is fetched in this thread (a torchvision transform with ``num_workers=0``) is the pipeline's,
+  timed as its stage, never a ``Forward``.
 
 A new loader made where an earlier one was (a loader per epoch) continues that loader's loop.
 When ``tensorflow`` is imported, ``tf.data.Dataset.__iter__`` (eager iteration in a Python loop)
@@ -45,6 +47,7 @@ import re
 import runpy
 import signal
 import sys
+import sysconfig
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -203,13 +206,20 @@ class Run:
         DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
         module_call = nn_module.Module.__call__
         compiling = torch.compiler.is_compiling
+        local = self._local
 
-        # Forward: the outermost Module call. A wrapper on Module.__call__ costs an inner call
-        # about half a microsecond; torch's global forward hooks cost 7 (they take every call
-        # off torch's fast path) and about 11 with the work a hook does (benchmarks/run_cost.py).
+        # Forward: the outermost Module call of the training step. A wrapper on Module.__call__
+        # costs an inner call about half a microsecond; torch's global forward hooks cost 7
+        # (they take every call off torch's fast path) and about 11 with the work a hook does
+        # (benchmarks/run_cost.py). A Module called while this thread fetches a batch
+        # (``local.inside``: the loader's ``next()``, so the dataset's ``__getitem__``, its
+        # transforms and collate with ``num_workers=0``) is the pipeline's, not the model: a
+        # torchvision transform is a Module, and each of its calls was a Forward of its own.
         @functools.wraps(module_call)
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
             if run._depth or compiling():  # inside another Module, or traced by torch.compile
+                return module_call(module, *args, **kwargs)
+            if local.inside:  # a batch being fetched: a transform, timed as a stage
                 return module_call(module, *args, **kwargs)
             timer = run._timer()
             if timer is None:
@@ -521,23 +531,62 @@ class Run:
     # ---- loaders --------------------------------------------------------------------------
 
     def _remember_site(self, loader: Any, name: bool = True) -> None:
+        """Where the script made ``loader``: the first frame of the user's own code, past
+        pipeprof's, torch's and TensorFlow's and past installed libraries' (Lightning wraps
+        ``DataLoader.__init__`` while it calls a DataModule's ``test_dataloader``: its wrapper's
+        line is no one's loader). Named after the variable it was assigned to when the user's
+        line made it itself, or after the Lightning hook that made it (``test_dataloader``). A
+        loader a library re-makes from one of the user's (Lightning re-makes the test and
+        predict loaders with its own sampler) takes that one's name and site."""
         frame = sys._getframe(2)
-        while frame is not None and (
-            frame.f_code.co_filename.startswith(_PIPEPROF_DIR)
-            or "/torch/" in frame.f_code.co_filename
-            or "/tensorflow/" in frame.f_code.co_filename
-            or frame.f_locals.get("self") is loader  # a subclass's __init__
-        ):
+        first = None  # the first frame past pipeprof/torch/tensorflow: a library's, perhaps
+        direct = True  # no library frame between the user's line and the loader
+        while frame is not None:
+            file = frame.f_code.co_filename
+            if not (
+                file.startswith(_PIPEPROF_DIR)
+                or "/torch/" in file
+                or "/tensorflow/" in file
+                or frame.f_locals.get("self") is loader  # a subclass's __init__
+            ):
+                if not _library_frame(frame):
+                    break
+                first = first or frame
+                held = list(frame.f_locals.values())
+                if not any(v is loader for v in held):  # not a wrapper of __init__: a call
+                    direct = False
+                remade = self._remade_from(loader, held)
+                if remade is not None:
+                    self.sites[loader] = remade
+                    return
             frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:  # no code of the user's on the stack: the first frame there is
+            frame, direct = first, True
         if frame is None:
             return
         file, line = frame.f_code.co_filename, frame.f_lineno
         site = f"{os.path.basename(file)}:{line}"
-        match = _ASSIGNED.match(linecache.getline(file, line)) if name else None
+        label = ""
+        if name and direct:
+            match = _ASSIGNED.match(linecache.getline(file, line))
+            label = match.group(1) if match else ""
+        if name and not label and frame.f_code.co_name in _LIGHTNING_HOOKS:
+            label = frame.f_code.co_name
         try:
-            self.sites[loader] = (match.group(1) if match else "", site, f"{file}:{line}")
+            self.sites[loader] = (label, site, f"{file}:{line}")
         except TypeError:  # not weak-referenceable: labelled by its site only
             pass
+
+    def _remade_from(self, loader: Any, held: list[Any]) -> tuple[str, str, str] | None:
+        """The remembered site of a loader of ``loader``'s type that a library's frame holds
+        (``held``: the one it is re-making, Lightning's ``_reinstantiate_wrapped_cls``)."""
+        kind = type(loader)
+        for value in held:
+            if type(value) is kind and value is not loader:
+                site = self.sites.get(value)
+                if site is not None:
+                    return site
+        return None
 
     def _entry(self, loader: Any) -> Loader:
         entry = self.loaders.get(id(loader))
@@ -770,6 +819,32 @@ def _callback_list(kind: str, trainer: Any) -> tuple[Any, Any]:
 def _remove_hook(hook: Any) -> None:
     if hook in sys.meta_path:
         sys.meta_path.remove(hook)
+
+
+_LIGHTNING_HOOKS = frozenset(
+    {"train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"}
+)
+_LIBRARIES = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "keras", "torch",
+                        "tensorflow", "transformers", "accelerate"})  # fmt: skip
+_STDLIB = tuple(
+    os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib")
+    if sysconfig.get_paths().get(k)
+)  # fmt: skip
+
+
+def _library_frame(frame: Any) -> bool:
+    """A frame of an installed library (site-packages, the standard library, a framework's
+    package wherever it lives), not of the user's own code."""
+    module = frame.f_globals.get("__name__") or ""
+    if module.partition(".")[0] in _LIBRARIES:
+        return True
+    file = frame.f_code.co_filename
+    return (
+        "/site-packages/" in file
+        or "/dist-packages/" in file
+        or file.startswith("<frozen")
+        or file.startswith(_STDLIB)
+    )
 
 
 def _weakable(obj: Any) -> bool:

@@ -132,6 +132,47 @@ def test_lightning_exception_passes_through(tmp_path, capsys):
     assert report["interrupted"] and report["loop"]["steps"] == 3
 
 
+DATAMODULE = str(SCRIPTS / "lightning_datamodule.py")
+
+
+def test_lightning_loaders_are_named_after_the_users_code_and_rare_validation(tmp_path):
+    """``trainer.test``/``predict`` on a LightningDataModule: their loaders reach ``pipeprof
+    run``'s own patch. Lightning makes them inside its wrapper of ``DataLoader.__init__`` (the
+    test loader was labelled ``DataLoader@data.py:325``, the wrapper's line) and re-makes the
+    predict loader with its own sampler (``result (data.py:257)``, a variable of Lightning's):
+    each is named after the DataModule's hook, at the user's line. And validation that ran once,
+    at the epoch's end, is no region to run "every 10 steps instead of every step" (the near
+    miss of the next test): it took most of the loop, once."""
+    ran = pipeprof_run(tmp_path, DATAMODULE, "--test")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout == "steps 8\npredicted 24\n"
+    main = load(tmp_path / "run.json")
+    lines = Path(DATAMODULE).read_text().splitlines()
+    loaders = {e["label"]: e for e in main["meta"]["run"]["loaders"]}
+    for hook, steps in (("test_dataloader", 2), ("predict_dataloader", 3)):
+        assert loaders[hook]["steps"] == steps, loaders
+        line = lines.index(f"    def {hook}(self):") + 2  # its ``return DataLoader(...)``
+        assert loaders[hook]["site"] == f"lightning_datamodule.py:{line}"
+        assert load(tmp_path / f"run.{hook}.json")["meta"]["run_loader"]["label"] == hook
+    assert not any("data.py" in e["site"] or "result" in e["label"] for e in loaders.values())
+    r = regions(main)
+    assert r["Validation"]["count"] == 1 and main["loop"]["steps"] == 8
+    assert main["loop"]["overhead_s"] > 0.05 * main["loop"]["wall_s"]  # a large share, once
+    assert "overhead-regions" not in {f["id"] for f in main["findings"]}
+
+
+def test_lightning_validation_every_step_is_told_to_run_less_often(tmp_path):
+    """The near miss of the test above: validation after every training step (8 samples of
+    2 ms each time) is the region the finding names."""
+    ran = pipeprof_run(tmp_path, DATAMODULE, "--val-every", "1", "--val-samples", "8")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    main = load(tmp_path / "run.json")
+    assert regions(main)["Validation"]["count"] == main["loop"]["steps"] == 8
+    (found,) = [f for f in main["findings"] if f["id"] == "overhead-regions"]
+    assert found["evidence"]["region"] == "Validation" and found["evidence"]["per_step"] == 1
+    assert "'Validation' every 10 steps instead of every step" in found["fix"]
+
+
 def test_a_missing_framework_names_the_extra(monkeypatch):
     for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "transformers"):
         monkeypatch.setitem(sys.modules, name, None)  # as if not installed

@@ -442,3 +442,24 @@ def test_a_session_recorded_here_renders_the_same_figures_everywhere():
     # what the golden tests rely on: a saved and loaded Session gives the same report
     again = pipeprof.Session.from_dict(json.loads(json.dumps(report.session.to_dict())))
     assert pipeprof.Report(again).to_dict() == d
+
+
+def test_a_loader_without_a_batch_size_says_none_of_it():
+    """``DataLoader(batch_sampler=...)`` has ``batch_size=None``: the loader line leaves the
+    size out (it read "batch None"); a loader with one says it."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    for kwargs, said in (
+        ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 4, False)}, ""),
+        ({"batch_size": 4}, ", batch 4"),
+    ):
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            for _ in prof.wrap(DataLoader(CostDataset(8), **kwargs)):
+                pass
+        report = prof.report()
+        assert report["meta"]["batch_size"] == kwargs.get("batch_size")
+        text, html = flat(report.render("text", width=100)), report.render("html")
+        phrase = f"no workers (loading in the main process){said}"
+        assert f"{phrase}, pin_memory=False" in text and f"{phrase} ·" in html
+        assert "batch None" not in text and "batch None" not in html

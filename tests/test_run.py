@@ -274,3 +274,23 @@ def test_the_readme_demo_is_promised_no_gain_it_does_not_get(tmp_path):
     steady = followed["loop"]["steady"]
     rate = steady["steps"] * report["meta"]["batch_size"] / steady["wall_s"]
     assert rate >= 0.9 * ev["predicted_samples_per_s"], (rate, ev)
+
+
+def test_transform_modules_in_the_fetch_are_the_pipeline_not_forward(tmp_path):
+    """torchvision's transforms are ``nn.Module``s: with ``num_workers=0`` they run inside the
+    loader's ``next()`` in the training process. Each of their calls had been a ``Forward``
+    region (12,060 for 188 steps on a public script; compute then was less than its regions and
+    ``Other`` was clamped to 0). Only the training step's model is Forward."""
+    ran = pipeprof_run(tmp_path, "--stage-every", "1", str(SCRIPTS / "transform_modules.py"), "64")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "steps 8\n"
+    report = load(tmp_path / "run.json")
+    loop = report["loop"]
+    assert loop["steps"] == 8
+    forward = loop["regions"]["Forward"]
+    assert forward["count"] == loop["steps"]  # the model's calls; 8 + 2 * 64 with transforms
+    # the transforms' 2 ms a sample are the pipeline's stages, not the model's Forward
+    slow = report["stages"]["transform/Slow"]
+    assert slow["count"] == 64 and slow["mean_ms"] >= 1.9
+    assert "transform/Normalize" in report["stages"]
+    assert forward["total_s"] < 0.25 * slow["count"] * slow["mean_ms"] / 1000

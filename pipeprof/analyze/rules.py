@@ -622,6 +622,12 @@ def rule_threads(report: dict[str, Any], facts: dict[str, Any]) -> Finding | Non
 
 
 def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """Non-compute regions take a moderate share of the step: the largest one that runs on
+    most steps (at least one step in two) is named, with what running it every ``EVERY_N``
+    steps would save. A region that ran once or a few times an epoch (validation at the epoch's
+    end) is never told to run less often: it already does; nor does it count toward the share
+    that makes the finding fire."""
+    per_step_floor = 0.5  # a region's calls per step from which "every N steps" means a saving
     loop = report.get("loop")
     if not loop:
         return None
@@ -630,15 +636,28 @@ def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Find
         return None
     # the regions' CPU time, which the split counts, where their figures are CUDA events'
     timed = loop.get("host_regions") or loop["regions"]
-    regions = {k: v for k, v in timed.items() if region_class(k) == "overhead"}
-    top = max(regions, key=lambda k: regions[k]["total_s"]) if regions else "?"
-    top_s = regions[top]["total_s"] if regions else 0.0
+    steps = loop.get("steps") or 0
+    overhead = {k: v for k, v in timed.items() if region_class(k) == "overhead"}
+    regions = {k: v for k, v in overhead.items()
+               if steps and (v.get("count") or 0) >= per_step_floor * steps}  # fmt: skip
+    if not regions:
+        return None
+    total = sum(v["total_s"] for v in overhead.values())
+    frequent = frac * sum(v["total_s"] for v in regions.values()) / total if total else frac
+    if frequent < MODERATE_WAIT:  # the share is the rare regions': nothing to run less often
+        return None
+    top = max(regions, key=lambda k: regions[k]["total_s"])
+    top_s = regions[top]["total_s"]
+    per_step = regions[top]["count"] / steps
+    now = max(1, round(1 / per_step))  # it runs every step now, or every other one
     every = EVERY_N
-    gain = top_s * (1 - 1 / every)  # the region's calls but one in N, as they cost now
+    gain = top_s * (1 - now / every)  # the region's calls but one in N, as they cost now
     wall = loop.get("wall_s") or 0.0
     evidence = {"overhead_fraction": frac, "region": top, "region_s": top_s, "every": every,
-                "gain_s": round(gain, 6), "gain_fraction": round(gain / wall, 4) if wall else None}
+                "per_step": round(per_step, 3), "gain_s": round(gain, 6),
+                "gain_fraction": round(gain / wall, 4) if wall else None}  # fmt: skip
     saves = f": about {gain:.3g} s ({gain / wall:.0%} of the loop) to save" if wall else ""
+    instead = "every step" if now == 1 else f"every {now} steps"
     return finding(
         "overhead-regions",
         "warning",
@@ -646,7 +665,7 @@ def rule_overhead_regions(report: dict[str, Any], facts: dict[str, Any]) -> Find
         f"non-compute regions take {frac:.0%} of step time; '{top}' is the largest "
         f"({top_s:.3g} s)",
         evidence,
-        f"run '{top}' every {every} steps instead of every step{saves}; or asynchronously",
+        f"run '{top}' every {every} steps instead of {instead}{saves}; or asynchronously",
     )
 
 

@@ -152,6 +152,13 @@ def workers_phrase(meta: dict[str, Any]) -> str:
     return f"{n} worker{'s' if n != 1 else ''} ({how})"
 
 
+def loader_phrase(meta: dict[str, Any]) -> str:
+    """``2 workers (fork), batch 16``; the batch size left out where the loader has none it
+    knows (``batch_size=None``: a batch sampler, or batches made by the dataset)."""
+    size = meta.get("batch_size")
+    return workers_phrase(meta) + (f", batch {size}" if size is not None else "")
+
+
 def _size(mb: float) -> str:
     return f"{num(mb)} MB" if mb >= 1 else f"{num(mb * 1e3)} kB"
 

@@ -23,6 +23,7 @@ from pipeprof.render.figures import (
     h5_table,
     headline,
     limiting_stages,
+    loader_phrase,
     loop_view,
     num,
     overhead_line,
@@ -32,7 +33,6 @@ from pipeprof.render.figures import (
     util,
     visible,
     wait_split,
-    workers_phrase,
 )
 
 CSS = """
@@ -181,7 +181,7 @@ def _describe(data: dict[str, Any]) -> str:
     if meta.get("dataset"):
         bits.append(f"dataset {meta['dataset']}")
     if "num_workers" in meta:
-        bits.append(f"{workers_phrase(meta)}, batch {meta.get('batch_size')}")
+        bits.append(loader_phrase(meta))
     bits.append(
         f"{data.get('batches')} batches, {data.get('samples')} samples in "
         f"{num(data.get('wall_s'))} s"

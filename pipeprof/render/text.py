@@ -33,6 +33,7 @@ from pipeprof.render.figures import (
     h5_table,
     headline,
     limiting_stages,
+    loader_phrase,
     loop_view,
     num,
     overhead_line,
@@ -42,7 +43,6 @@ from pipeprof.render.figures import (
     util,
     visible,
     wait_split,
-    workers_phrase,
 )
 
 MAX_WIDTH = 80
@@ -137,7 +137,7 @@ def overview(data: dict[str, Any]) -> RenderableType:
     if "num_workers" in meta:
         t.add_row(
             "loader",
-            f"{workers_phrase(meta)}, batch {meta.get('batch_size')}, "
+            f"{loader_phrase(meta)}, "
             f"pin_memory={meta.get('pin_memory')}",
         )
     return t
