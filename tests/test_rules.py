@@ -485,8 +485,10 @@ def test_cpu_training_on_one_core_is_promised_what_the_spare_core_gives():
     between two values and stopped at its start, the step as if loading cost it nothing: it
     promised 6 workers about 217 samples/s where the cores give at most 200, and 6 workers ran
     at 188 (the README's demo: 386 promised, 300 measured, slower than before). No worker count
-    is promised past what the cores can do, and the fix, followed, delivers at least 90 % of
-    what it promises (3 workers: 184-187 promised, 187 measured over 160 batches)."""
+    is promised past what the cores can do. Workers that compute beside the step past the
+    cores are a regime the model has not measured (on the diagnosis matrix such promises ran
+    0.78-0.80 of their figure): a hint, "worth trying, not measured". Followed, its figure
+    holds here still (3 workers: 184-187 given, 187 measured over 160 batches)."""
     report = _one_core_training(1, profile=True)
     assert report["verdict"]["kind"] == "input-bound", report["verdict"]
     f = findings(report)["workers-needed"]
@@ -499,10 +501,11 @@ def test_cpu_training_on_one_core_is_promised_what_the_spare_core_gives():
     for row in (w for w in report["what_if"] if w["kind"] == "workers"):
         assert row["samples_per_s"] <= 1.02 * 4e3 * cores / (4 * 7.5 + 10.0), row
         assert (row.get("measured_samples_per_s") is not None) == (row["workers"] == 1), row
-    if f["severity"] == "info":  # the model saw no gain worth a fix, or could not tell
-        assert any(said in f["message"] for said in ("would not speed this loop up", "cannot tell"))
+    assert f["severity"] == "info", f  # no promise: a hint, or no gain seen, or cannot tell
+    if f["fix"].startswith("none") or "cannot tell" in f["message"]:
         return
-    assert f["fix"] == f"DataLoader(num_workers={need})"
+    assert need + 1 > cores and "a regime not measured" in f["message"], f
+    assert f["fix"].startswith(f"worth trying, not measured: DataLoader(num_workers={need})"), f
     followed = _one_core_training(need, profile=False, samples=640)
     assert followed >= 0.9 * promised, (followed, ev)
 

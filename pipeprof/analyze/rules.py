@@ -14,7 +14,13 @@ from pipeprof.analyze.compare import other_load
 from pipeprof.analyze.finding import Finding, finding
 from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor, measured_rate
-from pipeprof.analyze.scenarios import from_report, loop_rate, training_cores
+from pipeprof.analyze.scenarios import (
+    FULL_CORES,
+    cores_full,
+    from_report,
+    loop_rate,
+    training_cores,
+)
 from pipeprof.analyze.tf_rules import TF_RULES
 from pipeprof.analyze.verdict import MODERATE_WAIT, handover_overlapped, loop_view
 from pipeprof.analyze.whatif import throughput, workers_for
@@ -269,7 +275,7 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     verdict = report["verdict"]
     if not loop or rate is None or verdict["kind"] != "input-bound":
         return None
-    if verdict.get("cause") == "hand-over":  # more workers do not help: see rule_handover
+    if verdict.get("cause") in ("hand-over", "start-up"):  # more workers do not help
         return None
     model = from_report(report, int(cores))
     overlapped = handover_overlapped(report)
@@ -281,7 +287,8 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     occupied = training_cores(report, int(cores))
     if occupied:  # CPU training: the workers take cores from the step (NOTE in scenarios.py)
         return _cpu_shared(report, facts, model, floor, occupied, now)
-    need = workers_for(model, target)
+    # headroom: a pool that only just keeps up loses to the spread of its batches' times
+    need = workers_for(model, target * FEED_HEADROOM) or workers_for(model, target)
     need = need if need is not None else max(1, math.ceil(target / rate))
     if need <= n:
         return None
@@ -304,6 +311,17 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         f"data is ready ({floor['compute_ms']:.3g} ms compute, {floor['handover_ms']:.2g} ms "
         f"hand-over); each worker gives {rate:.0f} samples/s"
     )
+    run = evidence.get("predicted_run_samples_per_s") or will
+    if (need <= cores - 1 or _waiting_bound(report)) and now and run < CPU_GAIN * now:
+        # the pool's start-up takes what its rate gives, over a run this short: no promise
+        msg += (
+            f"; but over a run like this one, {need} workers' start-up "
+            f"({evidence['startup_wait_s'] + evidence['added_start_s']:.2g} s) takes what "
+            "they would gain"
+        )
+        return finding("workers-needed", "info", facts["limiting"], msg, evidence,
+                       f"worth trying for longer runs, not measured: DataLoader(num_workers="
+                       f"{need}, persistent_workers=True)")  # fmt: skip
     if need <= cores - 1 or _waiting_bound(report):
         fix = f"DataLoader(num_workers={need})"
     else:
@@ -317,6 +335,10 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
 
 
 STARTUP_SHARE = 0.05  # a start-up from this share of the predicted run is priced in
+# The fewest workers whose pipeline gives this much more than the loop's steps take: on the
+# diagnosis matrix (benchmarks/diagnosis_matrix.py, storage latency), 6 workers whose model gave
+# 1.08x the steps' rate ran the loop at 0.76-0.92 of it; with 1.2x to spare, 0.9 and more.
+FEED_HEADROOM = 1.2
 
 
 def with_startup(
@@ -337,10 +359,25 @@ def with_startup(
     startup, wall = loop.get("startup_wait_s") or 0.0, loop.get("wall_s") or 0.0
     n = int(meta.get("num_workers") or 0)
     starts = 1 if meta.get("persistent_workers") else max(1, int(loop.get("epochs") or 1))
-    # while the training process forks the later workers the first ones load: a start takes
-    # the longer of the start-up measured and the forks of the whole pool
+    # A start takes the longer of the start-up measured and the forks of the whole pool, one
+    # after the other, then one batch of a worker's work. Forks beyond twice the cores slow as
+    # the workers already started compete with the training process for them (the matrix's
+    # storage loop on 2 cores: 33 ms a worker measured with 2 workers; 6, 8 and 10 workers
+    # took 0.28-0.34, 0.52 and 0.61 s to their first batch).
     fork_s = (meta.get("worker_start_ms") or 0.0) / 1e3
-    forks = starts * max(0.0, need * fork_s - startup / starts) if need > n else 0.0
+    cores = int((report.get("host") or {}).get("cpu_count") or meta.get("cpu_count") or 1)
+    crowd = max(1.0, need / (2 * cores))
+    made = [w["busy_s"] / w["batches"] for w in report.get("workers") or []
+            if w.get("batches") and w.get("busy_s")]  # fmt: skip
+    pool = need * fork_s * crowd + (sum(made) / len(made) if made else 0.0)
+    if meta.get("multiprocessing_context") not in (None, "fork") and n:
+        # spawn, forkserver: each worker is a new interpreter that imports the user's modules
+        # (torch: seconds of CPU) before its first batch, the pool at once on the cores: an
+        # epoch's start measured with n workers, scaled to need on them (the matrix's storage
+        # loop, spawn: 7 and 9 workers promised 128 and 60 samples/s over the run by the forks
+        # alone, and ran 25 and 10)
+        pool = max(pool, startup / starts * max(1.0, need / cores) / max(1.0, n / cores))
+    forks = starts * max(0.0, pool - startup / starts) if need > n and fork_s else 0.0
     evidence["startup_wait_s"] = round(startup, 6)
     evidence["added_start_s"] = round(forks, 6)
     evidence["predicted_run_samples_per_s"] = None
@@ -469,6 +506,19 @@ def _cpu_shared(
         f"{with_startup(report, will, now, evidence, need)} (now "
         f"{now or 0:.0f} with {_workers(n)}), counting that {busy}"
     )
+    if need + occupied > cores and not _waiting_bound(report):
+        # computing workers beside the step, past the cores: how this machine's logical CPUs
+        # share their work (hyper-threads do not add a core's worth each) and how long each
+        # hand-over then waits for a busy worker was not measured (the diagnosis matrix: 3 ms
+        # of Python a sample beside a 4 ms CPU step on 2 vCPUs, 4-5 workers promised 457-482
+        # samples/s and ran 0.78-0.80 of it; with 1-2 workers before, 4-6 promised 395-402 and
+        # ran 181-192, slower than before). Where the model held (torch work in the workers,
+        # 3 workers: 184-187 promised, 187 run) it still gives its figure, as a hint.
+        msg += f"; {need} workers beside the step exceed the {cores} cores, a regime not measured"
+        return finding("workers-needed", "info", facts["limiting"], msg, evidence,
+                       f"worth trying, not measured: DataLoader(num_workers={need}), then compare "
+                       "the two runs (pipeprof compare); making loading cheaper (the limiting "
+                       "stage) helps either way")  # fmt: skip
     if n == 0:
         fix = f"DataLoader(num_workers={need})"
         return _from_no_workers(facts, msg, evidence, fix, will / here)
@@ -481,10 +531,16 @@ def _workers(n: int) -> str:
 
 
 def _waiting_bound(report: dict[str, Any]) -> bool:
-    """The workers mostly wait (storage, network, sleep): more of them than cores still help."""
+    """The workers mostly wait (storage, network, sleep): more of them than cores still help.
+    Not where the cores were full: then they wait for a core (NOTE [ Full cores are not
+    waiting ] in scenarios.py)."""
     workers = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
-    return bool(workers) and sum(w["cpu_s"] for w in workers) < 0.5 * sum(
-        w["busy_s"] for w in workers
+    cores = int((report.get("host") or {}).get("cpu_count") or
+                (report.get("meta") or {}).get("cpu_count") or 1)  # fmt: skip
+    return (
+        bool(workers)
+        and sum(w["cpu_s"] for w in workers) < 0.5 * sum(w["busy_s"] for w in workers)
+        and not cores_full(report, cores)
     )
 
 
@@ -579,7 +635,6 @@ def rule_transfer(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     )
 
 
-FULL_CORES = 0.85  # CPU time over wall time, of all cores: what a busy 2-core VM reaches
 EVERY_N = 10  # overhead-regions: the region run once every N steps, as the fix says
 
 

@@ -22,6 +22,9 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
     """input-, transfer- or overhead-bound when that share of step time passes 5 % (high at
     20 %) and is the largest non-compute share; compute-bound otherwise. ``borderline`` when
     the 95 % interval of the deciding share (``loop.spread``) holds a threshold."""
+    restarts = restarting(report)
+    if restarts is not None:
+        return restart_verdict(report, restarts)
     view = loop_view(report["loop"])
     shares = {k: view.get(f"{k}_fraction") or 0.0 for k in ("wait", "transfer", "overhead")}
     part = max(shares, key=lambda k: shares[k])
@@ -192,6 +195,58 @@ def handover_led(loop: dict[str, Any], view: dict[str, Any]) -> bool:
     split ] in collect/torch/loader.py). Only a loop that was starved has a limiting stage."""
     wait, handover = view.get("wait_s") or 0.0, view.get("handover_s") or 0.0
     return bool(loop.get("wait_split_known")) and wait > 0 and handover > 0.5 * wait
+
+
+# NOTE [ Start-up every epoch ]
+# The verdict reads the steady state (``loop_view``) so that a one-off start-up does not decide
+# it. But workers that are not kept (``persistent_workers=False``) start again every epoch, and
+# each epoch's first batches wait for them: over a job of many short epochs, that wait recurs
+# as often as the epochs do, and may be most of the loop. Where a loop ran 2 epochs or more with
+# such workers, and its epochs' start-ups (the first batches of each, until every worker has
+# delivered one: ``loop.startup_wait_s``) waited at least MODERATE_WAIT of the whole loop and
+# more than the steady steps' wait, the verdict reads all the steps and names the cause
+# "start-up": no stage limits, more workers start slower, and the fix is to keep the workers
+# (``slow-startup`` in analyze/rules.py, which prices it).
+
+
+def restarting(report: dict[str, Any]) -> float | None:
+    """The share of the loop its epochs' start-ups waited, where NOTE [ Start-up every epoch ]
+    makes it the verdict; else None."""
+    loop, meta = report.get("loop") or {}, report.get("meta") or {}
+    if (loop.get("epochs") or 1) < 2 or not meta.get("num_workers") or meta.get(
+        "persistent_workers"
+    ):
+        return None
+    wall, start = loop.get("wall_s") or 0.0, loop.get("startup_wait_s") or 0.0
+    steady = (loop.get("steady") or {}).get("wait_s") or 0.0
+    if not wall or start < MODERATE_WAIT * wall or start <= steady:
+        return None
+    return start / wall
+
+
+def restart_verdict(report: dict[str, Any], share: float) -> dict[str, Any]:
+    """Input-bound by the workers' start every epoch (NOTE [ Start-up every epoch ])."""
+    loop = report["loop"]
+    frac = loop.get("wait_fraction") or share
+    who = "the GPU" if (report.get("gpu") or {}).get("available") else "the loop"
+    epochs = loop.get("epochs") or 2
+    return {
+        "kind": "input-bound",
+        "severity": "high" if frac >= HIGH_WAIT else "moderate",
+        "stage": None,
+        "stages": [],
+        "fraction": round(frac, 4),
+        "headline": (
+            f"input-bound: {who} waited for data {frac:.0%} of the time, {share:.0%} at the "
+            f"start of its {epochs} epochs, for workers started again each epoch "
+            "(persistent_workers=False); not a slow stage"
+        ),
+        "borderline": False,
+        "threshold": None,
+        "wait_fraction_interval": None,
+        "cause": "start-up",
+        "startup_fraction": round(share, 4),
+    }
 
 
 def empty_verdict(report: dict[str, Any]) -> dict[str, Any]:

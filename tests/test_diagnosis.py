@@ -1,0 +1,88 @@
+"""The diagnosis matrix, in a smaller form: each cause of benchmarks/diagnosis_matrix.py, whose
+truth is known by construction, at 2 workers (the training process's loading: none), fork, free
+cores. The verdict's kind, and its limiting stage (or its wait's cause) must be the truth.
+
+The benchmark runs every crossing (1, 2 and 4 workers; fork and spawn; free and saturated
+cores) and follows the fixes; docs/findings.md has its table. Here, each cause is also a near
+miss for the others: a compute-bound loop must not be called input-bound, a slow stage must not
+be called a hand-over, a hand-over must not be given a stage.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import diagnosis_matrix as matrix
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("cause", list(matrix.CASES))
+def test_the_verdict_names_the_cause_built_in(cause):
+    case = matrix.CASES[cause]
+    workers = 2 if 2 in case.workers else case.workers[0]
+    row = matrix.run_case(case, workers, "fork", busy=False, follow=False)
+    assert row["right"], (cause, row)
+    assert row["kind"] == case.kind
+    if case.stage is not None:
+        assert row["stages"] == [case.stage] and row["stage"] == case.stage
+    if case.cause_is is not None:
+        assert row["wait_cause"] == case.cause_is and row["stages"] == []
+
+
+def test_the_judge_refuses_a_wrong_stage_and_a_wrong_cause():
+    """The matrix's judge itself: a verdict that names a stage for a hand-over, or another
+    stage, or another kind, is wrong."""
+    v = {"kind": "input-bound", "stage": "load", "stages": ["load"], "cause": "starved",
+         "headline": ""}  # fmt: skip
+    assert matrix.judge(matrix.CASES["storage"], {"verdict": v})["right"]
+    assert not matrix.judge(matrix.CASES["collate"], {"verdict": v})["right"]
+    assert not matrix.judge(matrix.CASES["hand-over"], {"verdict": v})["right"]
+    assert not matrix.judge(matrix.CASES["compute"], {"verdict": v})["right"]
+    both = {**v, "stages": ["load", "collate"]}
+    assert not matrix.judge(matrix.CASES["storage"], {"verdict": both})["right"]
+
+
+@pytest.mark.timing
+def test_kept_workers_start_once_so_start_up_is_no_verdict():
+    """The near miss of NOTE [ Start-up every epoch ] (analyze/verdict.py): the same short
+    epochs and slow worker start, with persistent_workers=True. The workers start once, so
+    the later epochs do not wait for them: the verdict reads the steady steps, not start-up."""
+    import pipeprof
+
+    case = matrix.CASES["start-up"]
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        matrix.train(matrix.loader_for(case, 2, "fork", persistent_workers=True), case, prof)
+    report = prof.report().to_dict()
+    assert report["loop"]["epochs"] == case.epochs
+    assert report["verdict"].get("cause") != "start-up", report["verdict"]
+    assert "slow-startup" not in {f["id"] for f in report["findings"] if f.get("fix") and
+                                  "persistent_workers=True keeps" in f["fix"]}  # fmt: skip
+
+
+def test_full_cores_are_not_waiting():
+    """NOTE [ Full cores are not waiting ] (analyze/scenarios.py): workers busy twice their CPU
+    time are waiting where the job left cores free, and waiting for a core where it filled
+    them: the model then costs each stage its CPU time alone."""
+    from pipeprof.analyze.scenarios import cores_full, from_report
+
+    def report(worker_cpu_s: float) -> dict:
+        workers = [{"track": f"worker{i}", "pid": i, "busy_s": 2 * worker_cpu_s,
+                    "cpu_s": worker_cpu_s, "batches": 10} for i in range(2)]  # fmt: skip
+        return {"wall_s": 1.0, "samples": 80, "batches": 10, "workers": workers,
+                "meta": {"num_workers": 2, "main_cpu_ns": 100_000_000},
+                "stages": {"load": {"total_s": 4 * worker_cpu_s, "per_sample_ms": 10.0}},
+                "wait": {}}  # fmt: skip
+
+    busy, idle = report(0.9), report(0.4)  # (0.1 + 1.8) / 2 cores full; (0.1 + 0.8) / 2 not
+    assert cores_full(busy, 2) and not cores_full(idle, 2)
+    assert not cores_full(busy, 4)  # the same job on 4 cores left them free
+    (stage,) = from_report(busy, 2).stages
+    assert stage.wall_ms == pytest.approx(stage.cpu_ms) == pytest.approx(5.0)
+    (stage,) = from_report(idle, 2).stages
+    assert stage.wall_ms == pytest.approx(10.0) and stage.cpu_ms == pytest.approx(5.0)
