@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from stage_sampling import counts
 from torch.utils.data import DataLoader
 
 pytest.importorskip("lightning")
@@ -91,10 +92,11 @@ def test_lightning_callback_profiles_fit(lightning_api):
     assert out == plain  # the same batches, in the same order, as without pipeprof
     loop = fit["loop"]
     assert loop["steps"] == 2 * 64 // 8 and loop["epochs"] == 2  # validation adds no steps
-    # the first epoch's 8 batches timed in full, the second's in one batch in 8 (its 5th: the
-    # count goes on from the first epoch's; NOTE [ Unprofiled batches ])
+    # the first epoch's 8 batches timed in full, the second's by the rule: the profile's first
+    # TIMED_FIRST, then one in STAGE_EVERY (the count goes on from the first epoch's; NOTE
+    # [ Unprofiled batches ])
     assert fit["samples"] == 2 * 64 and "collate" in fit["stages"]
-    assert fit["stages"]["load"]["count"] == 64 + 8
+    assert fit["stages"]["load"]["count"] == counts([8, 8])["profiled"] * 8
     assert 1.9 <= fit["stages"]["load"]["mean_ms"] <= 4  # the injected 2 ms a sample
     # each step waits for 8 samples of 2 ms (no workers), then computes >= 4 + 3 ms
     assert 15 <= 1000 * loop["wait_s"] / loop["steps"] <= 32

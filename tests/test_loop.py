@@ -7,13 +7,16 @@ import time
 import pytest
 import torch
 from machine import nvml_gpus
-from pipelines import CostDataset, ItemsDataset, Scale, TellsItsTransform, spin
+from pipelines import CostDataset, ItemsDataset, Scale, TellsItsTransform, spin, truth
+from stage_sampling import arms, counts, timed_indices
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
 import pipeprof
+from pipeprof.analyze.stages import AB_MIN_OFF
+from pipeprof.collect.torch.loader import TIMED_FIRST
 from pipeprof.core.batch import batch_size
-from pipeprof.core.recorder import recorder
+from pipeprof.core.recorder import STAGE_EVERY, recorder
 
 
 def run_loop(loader, compute_ms: float, **kwargs):
@@ -333,38 +336,54 @@ class OnlyWhileProfiled:
         return x
 
 
+# batches enough for the comparison of unprofiled batches to be used (AB_MIN_OFF profiled ones
+# after the profile's first TIMED_FIRST, one in STAGE_EVERY)
+AB_BATCHES = TIMED_FIRST + AB_MIN_OFF * STAGE_EVERY
+
+
 def test_unprofiled_batches_measure_what_profiling_costs_in_process():
-    # NOTE [ Unprofiled batches ]: 64 batches, no workers: only batches 4, 12, ..., 60 are
-    # profiled, the others fetched with the recorder off; the batches from the second on are
-    # measured
-    n = 64 * 4
+    # NOTE [ Unprofiled batches ]: no workers: the first TIMED_FIRST batches are profiled, then
+    # one in STAGE_EVERY (20, 28, ... with 8), the others fetched with the recorder off; the
+    # batches after the first TIMED_FIRST are measured, profiled against unprofiled
+    batches = AB_BATCHES
+    n = batches * 4
+    c = counts([batches])
+    assert c["on"] == AB_MIN_OFF and c["timed"] == TIMED_FIRST and c["cold"] == 0
     prof = pipeprof.Profiler(sample_hz=0)
     with prof:
         for _ in prof.wrap(DataLoader(CostDataset(n, transform=OnlyWhileProfiled()), batch_size=4)):
             pass
     report = prof.report()
     ab = report["overhead"]["unprofiled_batches"]
-    assert ab["batches"] == [8, 55] and ab["unprofiled_samples"] == 56 * 4
+    assert ab["batches"] == [c["on"], c["off"]] and ab["unprofiled_samples"] == c["off"] * 4
     # the injected 200 µs a sample, and pipeprof's own regions around it (a few µs; 20 µs on a
     # loaded machine)
     assert 200_000 <= ab["per_sample_ns"] <= 260_000 and ab["used"], ab
-    profiled = 8 * 4
+    profiled = c["profiled"] * 4
     assert report["overhead"]["regions_s"] == pytest.approx(
         ab["per_sample_ns"] * profiled / 1e9, rel=1e-3
     )
-    assert report["samples"] == n
+    assert report["samples"] == n and report["meta"]["timed_batches"] == c["profiled"]
     stage = report["stages"]["transform/OnlyWhileProfiled"]
     assert stage["count"] == profiled  # the unprofiled batches have no records
-    assert stage["per_sample_ms"] == pytest.approx(stage["mean_ms"], rel=1e-3)
-    assert stage["mean_ms"] == pytest.approx(0.2, rel=0.15)
+    # scaled in two strata (the first batches as they are, the later timed ones for the later
+    # batches), every timed call at least the 200 µs it spins (wall time: a call preempted on
+    # this shared machine takes ms, and weighs more in the later stratum; the median does not)
+    assert stage["per_sample_ms"] >= 0.199 and stage["mean_ms"] >= 0.199
+    assert stage["total_s"] == pytest.approx(stage["per_sample_ms"] * n / 1e3, rel=1e-3)
+    assert stage["p50_ms"] == pytest.approx(0.2, rel=0.15)
     # what the regions add to the stages is of the time they ran in, not of the scaled totals
     o = report["overhead"]
-    recorded_s = sum(r["total_s"] for p, r in report["stages"].items() if "/" not in p) * 32 / n
+    top = [r for p, r in report["stages"].items() if "/" not in p]
+    recorded_s = sum(r["count"] * r["mean_ms"] for r in top) / 1e3
     in_stages_s = o["events"] * (o["region_ns"] + o["displaced_ns"]) / 1e9
     assert o["in_stages_fraction"] == pytest.approx(in_stages_s / recorded_s, rel=1e-3)
     text = " ".join(report.render("text").split())  # the summary says how it was measured
-    assert "against 55 batches fetched unprofiled" in text
-    assert "stages timed in 1 batch in 8: 32 of 256 samples" in text
+    assert f"against {c['off']} batches fetched unprofiled" in text
+    assert (
+        f"stages timed in {c['profiled']} of {batches} batches (the first {TIMED_FIRST}, then 1 "
+        f"in {STAGE_EVERY}): {profiled} of {n} samples" in text
+    )
 
 
 class SeesItsTransform(CostDataset):
@@ -382,10 +401,16 @@ def test_unprofiled_batches_run_the_users_own_transforms():
     SeesItsTransform.seen = []
     data = SeesItsTransform(64 * 4, transform=Scale(0.0))
     report = pipeprof.profile(DataLoader(data, batch_size=4))
-    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 56 * 4
+    c = counts([64])
+    assert c["off"] + c["cold"] > 0 and c["profiled"] >= TIMED_FIRST
+    unprofiled = (c["off"] + c["cold"]) * 4
+    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == unprofiled
     seen = SeesItsTransform.seen
-    assert seen.count("Scale") == 56 * 4 and seen.count("Timed") == 8 * 4
-    assert [k for k in range(64) if seen[k * 4] == "Timed"] == list(range(4, 64, 8))
+    assert seen.count("Scale") == unprofiled
+    assert seen.count("Timed") == c["profiled"] * 4
+    timed = [k for k in range(64) if seen[k * 4] == "Timed"]
+    assert timed == timed_indices([64])
+    assert timed[:TIMED_FIRST] == list(range(TIMED_FIRST))  # the first ones, then a sample
 
 
 def test_unprofiled_batches_count_their_samples_as_profiled_ones_do():
@@ -393,10 +418,108 @@ def test_unprofiled_batches_count_their_samples_as_profiled_ones_do():
     # which a guess from the batch's shape would count as that many samples
     loader = DataLoader(CostDataset(70), batch_size=None)
     report = pipeprof.profile(loader)
-    # profiled: 4, 12, ..., 68; the first, cold, and 60 others unprofiled
-    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == 61
+    # profiled: the first TIMED_FIRST, then one in STAGE_EVERY; the others unprofiled
+    c = counts([70])
+    assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == c["off"] + c["cold"]
     assert report["samples"] == report["batches"] == 70
-    assert report["stages"]["load"]["count"] == 9
+    assert report["stages"]["load"]["count"] == c["profiled"] < 70
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_short_profile_times_enough_batches_and_says_how_many(workers):
+    # issue 36: a 20-batch profile timed its stages in 2 or 3 batches (1 in 8), and a stage's
+    # figure from those came out 8.3 % off. The profile's first TIMED_FIRST batches are all
+    # timed, whatever the rate; a long profile still times a sample of the rest
+    for batches in (20, 80):
+        loader = DataLoader(CostDataset(200 * 4), batch_size=4, num_workers=workers)
+        report = pipeprof.profile(loader, batches=batches)
+        c = counts([batches], workers)
+        meta = report["meta"]
+        assert report["batches"] == batches and meta["stage_every"] == STAGE_EVERY
+        assert meta["timed_batches"] == c["profiled"] >= min(TIMED_FIRST, batches)
+        assert report["stages"]["load"]["count"] == c["profiled"] * 4
+        assert report["stages"]["collate"]["count"] == c["profiled"]
+        assert "first_batches" not in meta  # the session's, for the stage table
+        if batches == 20:
+            assert c["profiled"] >= TIMED_FIRST > c["profiled"] // 2  # not 1 in 8: 2 or 3
+        else:
+            assert c["profiled"] < TIMED_FIRST + batches // 2  # a sample of the rest
+        text = " ".join(report.render("text").split())
+        assert f"stages timed in {c['profiled']} of {batches} batches" in text
+
+
+class ColdFirst(CostDataset):
+    """The first sample a process loads costs ``cold_ms`` (sleep), the others ``load_ms``: a
+    worker's cold start. Each sample's true load time is logged."""
+
+    def __init__(self, n: int, load_ms: float, cold_ms: float, log_dir: str) -> None:
+        super().__init__(n, load_ms=cold_ms, log_dir=log_dir)
+        self.warm_ms = load_ms
+
+    def __getitem__(self, i):
+        out = super().__getitem__(i)
+        self.load_ms = self.warm_ms
+        return out
+
+
+@pytest.mark.timing  # sleeps on a shared machine
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_first_batches_weigh_as_themselves_in_the_scaled_totals(workers, tmp_path):
+    # NOTE [ Unprofiled batches ]: the profile's first batches are all timed, a cold one among
+    # them; scaled as one sample with the later 1 in 8 it would weigh as much as they do (here
+    # the per-call mean, which that would give, is well over the truth); in two strata the load
+    # stage per sample is the truth's
+    batches = TIMED_FIRST + 23 * STAGE_EVERY  # 200 with 8: 22 or 23 later batches timed
+    data = ColdFirst(batches * 4, load_ms=1.0, cold_ms=50.0, log_dir=str(tmp_path))
+    ctx = "fork" if workers else None
+    loader = DataLoader(data, batch_size=4, num_workers=workers, multiprocessing_context=ctx)
+    report = pipeprof.profile(loader)
+    true = truth(str(tmp_path))["load"]
+    assert len(true) == batches * 4
+    true_ms = sum(true) / len(true) / 1e6
+    load = report["stages"]["load"]
+    assert load["per_sample_ms"] == pytest.approx(true_ms, rel=0.1), (load, true_ms)
+    assert load["mean_ms"] > 1.1 * true_ms  # the timed calls alone: the cold one weighs more
+
+
+def test_stage_totals_are_scaled_in_two_strata():
+    # NOTE [ Unprofiled batches ]: the first batches' stage time as it is, the later timed ones'
+    # scaled to the later batches; a session without the first batches' time (a file from
+    # before) scales all of it as one sample
+    from pipeprof.analyze.stages import stage_table
+    from pipeprof.core.session import Session
+    from pipeprof.core.stats import Stat
+
+    def session(first: bool, samples: int = 320) -> Session:
+        s = Session()
+        s.samples, s.batches = samples, samples // 4
+        load, own = Stat(), Stat()
+        for ns in [9_000_000] + [1_000_000] * 63 + [2_000_000] * 32:  # first 64, later 32
+            load.add(ns)
+            own.add(ns // 2)
+        s.stages = {"worker0": {"load": load, "transform/Own": own}, "main": {"step": Stat.of([5])}}
+        s.costs = {"abw_off_batches": 56, "abw_off_samples": 224}
+        s.meta = {"stage_every": 8}
+        if first:
+            ns = {"load": 72_000_000, "transform/Own": 36_000_000}
+            s.meta["first_batches"] = {"batches": 16, "samples": 64, "ns": {"worker0": ns}}
+        return s
+
+    table = stage_table(session(first=True))
+    assert table["load"]["total_s"] == pytest.approx((72e6 + 64e6 * 256 / 32) / 1e9)
+    assert table["load"]["per_sample_ms"] == pytest.approx((72 + 512) / 320, rel=1e-6)
+    assert table["transform"]["total_s"] == pytest.approx((36e6 + 32e6 * 8) / 1e9)
+    assert table["transform"]["mean_ms"] == pytest.approx(68 / 96, rel=1e-6)  # as timed
+    assert table["step"]["total_s"] == pytest.approx(5e-9)  # the loop's: timed every step
+    old = stage_table(session(first=False))
+    assert old["load"]["total_s"] == pytest.approx(136e6 * 320 / 96 / 1e9)
+    assert old["transform"]["mean_ms"] == pytest.approx(68 / 96, rel=1e-6)
+    # no later batch timed (off: all 224 samples after the first 64 of 288): every timed
+    # sample stands for the unprofiled ones alike
+    none_later = session(first=True, samples=64 + 224)
+    none_later.stages["worker0"]["load"] = Stat.of([9_000_000] + [1_000_000] * 63)
+    table = stage_table(none_later)
+    assert table["load"]["total_s"] == pytest.approx(72e6 * 288 / 64 / 1e9)
 
 
 def _workers_profile(loader, epochs: int = 1):
@@ -413,74 +536,94 @@ def _workers_profile(loader, epochs: int = 1):
 @pytest.mark.timing
 @pytest.mark.parametrize("data", [CostDataset, ItemsDataset])
 def test_unprofiled_batches_measure_what_profiling_costs_in_workers(data):
-    # NOTE [ Unprofiled batches ], in workers: 64 batches of 4, 2 workers, 32 batches each; each
-    # worker profiles its batches 4, 12, 20 and 28 and fetches the others unprofiled, and the
-    # CPU it spent on those is compared with what it spent on the profiled ones (its first
-    # batch, cold, in neither arm)
-    n = 64 * 4
+    # NOTE [ Unprofiled batches ], in workers: batches of 4, 2 workers taking them in turn; each
+    # worker profiles its share of the profile's first TIMED_FIRST, then one batch in
+    # STAGE_EVERY of its own (its 13th, 21st, ... with 8), and fetches the others unprofiled; the
+    # CPU it spent on those is compared with what it spent on the profiled ones after its first
+    batches = AB_BATCHES
+    n = batches * 4
+    c = counts([batches], workers=2)
+    assert c["on"] == AB_MIN_OFF and c["timed"] == TIMED_FIRST and c["cold"] == 0
     loader = DataLoader(
         data(n, transform=OnlyWhileProfiled()), batch_size=4, num_workers=2,
         multiprocessing_context="fork",
     )  # fmt: skip
     report, got = _workers_profile(loader)
     ab = report["overhead"]["unprofiled_batches"]
-    assert ab["in"] == "workers" and ab["batches"] == [8, 54]
-    assert ab["unprofiled_samples"] == 2 * 28 * 4
+    assert ab["in"] == "workers" and ab["batches"] == [c["on"], c["off"]]
+    assert ab["unprofiled_samples"] == c["off"] * 4
     # the injected 200 µs a sample, and pipeprof's own work around it: with batches of 4 its
     # per-batch part (packing, probes, clock reads) is tens of µs a sample (seen: 240-340 µs)
     assert 190_000 <= ab["per_sample_ns"] <= 420_000 and ab["used"], ab
     assert report["overhead"]["regions_s"] == pytest.approx(
-        ab["per_sample_ns"] * 8 * 4 / 1e9, rel=1e-3
+        ab["per_sample_ns"] * c["profiled"] * 4 / 1e9, rel=1e-3
     )
     assert report["samples"] == n and sorted(int(i) for _, b in got for i in b) == list(range(n))
     assert sum(w["samples"] for w in report["workers"]) == n  # all counted as theirs
+    assert report["meta"]["timed_batches"] == c["profiled"]
     stage = report["stages"]["transform/OnlyWhileProfiled"]
-    assert stage["count"] == 8 * 4  # the unprofiled batches have no records
-    # its total is scaled to every sample: per sample as per call
-    assert stage["per_sample_ms"] == pytest.approx(stage["mean_ms"], rel=1e-3)
-    assert stage["total_s"] == pytest.approx(stage["mean_ms"] * n / 1e3, rel=1e-3)
-    assert stage["mean_ms"] >= 0.195  # wall time: two workers and the loop share 2 cores here
-    assert report["loop"]["steps"] == 64
+    assert stage["count"] == c["profiled"] * 4  # the unprofiled batches have no records
+    # its total is scaled to every sample, in two strata; every timed call spins 200 µs (wall
+    # time: two workers and the loop share 2 cores here, and a preempted call weighs more in
+    # the later stratum)
+    assert stage["total_s"] == pytest.approx(stage["per_sample_ms"] * n / 1e3, rel=1e-3)
+    assert stage["per_sample_ms"] >= 0.195 and stage["mean_ms"] >= 0.195
+    assert report["loop"]["steps"] == batches
     text = " ".join(report.render("text").split())
-    assert "against 54 batches fetched unprofiled in the workers" in text
+    assert f"against {c['off']} batches fetched unprofiled in the workers" in text
 
 
 def test_the_summary_says_whether_the_unprofiled_batches_measured_anything():
     # a cheap pipeline: whether pipeprof's few µs a sample stand out of the batches' spread
     # depends on the run; the summary says which, and the stages' counts lack those batches
-    loader = DataLoader(CostDataset(64 * 4), batch_size=4, num_workers=2)
+    loader = DataLoader(CostDataset(AB_BATCHES * 4), batch_size=4, num_workers=2)
     report, _ = _workers_profile(loader)
+    c = counts([AB_BATCHES], workers=2)
     ab = report["overhead"]["unprofiled_batches"]
-    assert ab["batches"] == [8, 54] and ab["per_sample_ns"] is not None
+    assert ab["batches"] == [c["on"], c["off"]] and ab["per_sample_ns"] is not None
     text = " ".join(report.render("text").split())
     if ab.get("used"):
         assert ab["per_sample_ns"] > ab["stderr_ns"]
-        assert "against 54 batches fetched unprofiled in the workers" in text
+        assert f"against {c['off']} batches fetched unprofiled in the workers" in text
     else:
         assert ab["per_sample_ns"] <= ab["stderr_ns"]
-        assert "54 batches fetched unprofiled in the workers: " in text
+        assert f"{c['off']} batches fetched unprofiled in the workers: " in text
         assert "against them, not above its error" in text
-    assert report["stages"]["load"]["count"] == 8 * 4
+    assert report["stages"]["load"]["count"] == c["profiled"] * 4
 
 
 def test_unprofiled_batches_in_spawned_workers_run_the_users_own_transforms():
     # the stand-ins and what they stand in for travel to a spawned worker in one pickle, so
     # setting the user's own back reaches the very objects its dataset copy calls; a short
-    # loader's second pass samples (a first pass of under 16 batches keeps every record): each
-    # worker's count goes on from 6, its 7th to 12th batches, and its 13th would be profiled
+    # loader's second pass samples (a first pass of under 16 batches keeps every record): the
+    # profile's first TIMED_FIRST are still profiled (each worker's first few of the pass), then
+    # each worker's count goes on from where the last pass's left it
     data = TellsItsTransform(12 * 4, transform=Scale(0.0))
     loader = DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     report, got = _workers_profile(loader, epochs=2)
+    expected = arms([12, 12], workers=2)
+    c = counts([12, 12], workers=2)
+    assert c["off"] + c["cold"] > 0  # the second pass fetches some unprofiled
     own = [int(f) for _, flags in got for f in flags]
     assert len(own) == 24 * 4
     assert sum(own[: 12 * 4]) == 0  # the first pass: every sample through the stand-in
-    assert sum(own) == 12 * 4 == report["overhead"]["unprofiled_batches"]["unprofiled_samples"]
-    assert report["stages"]["transform/Scale"]["count"] == 12 * 4
+    # batch by batch, the user's own transform ran where the batch was fetched unprofiled
+    assert [sum(int(f) for f in flags) for _, flags in got] == [
+        4 * (arm in ("off", "cold")) for arm in expected
+    ]
+    off = report["overhead"]["unprofiled_batches"]
+    assert sum(own) == (c["off"] + c["cold"]) * 4 == off["unprofiled_samples"]
+    assert report["stages"]["transform/Scale"]["count"] == c["profiled"] * 4
     text = " ".join(report.render("text").split())
-    assert "10 batches fetched unprofiled in the workers against 0 profiled, too few" in text
-    # a third pass goes on with them: each worker's 13th batch (its first here: cold) profiled
+    assert (
+        f"{c['off']} batches fetched unprofiled in the workers against {c['on']} profiled, too few"
+        in text
+    )
+    # a third pass goes on with them
     report, got = _workers_profile(loader, epochs=3)
-    assert report["stages"]["transform/Scale"]["count"] == 12 * 4 + 2 * 4
+    c3 = counts([12, 12, 12], workers=2)
+    assert c3["profiled"] > c["profiled"]  # the third pass times some too
+    assert report["stages"]["transform/Scale"]["count"] == c3["profiled"] * 4
 
 
 def test_a_short_pass_is_never_fetched_unprofiled_with_workers_or_without():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from stage_sampling import counts
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = str(SCRIPTS / "train.py")
@@ -57,9 +58,11 @@ def test_a_script_with_train_and_validation_loaders(tmp_path):
     assert main["loop"]["steps"] == 2 * 96 // 16  # validation adds no training steps
     assert main["loop"]["epochs"] == 2
     assert sorted(w["track"] for w in main["workers"]) == ["worker0", "worker1"]
-    # the first pass of 6 batches timed in full, the second's in one batch in 8: each worker's
-    # 5th over both passes (NOTE [ Unprofiled batches ])
-    assert main["samples"] == 2 * 96 and main["stages"]["load"]["count"] == 96 + 2 * 16
+    # the first pass of 6 batches timed in full, the second's by the rule: the profile's first
+    # TIMED_FIRST batches, then one in STAGE_EVERY of each worker's (NOTE [ Unprofiled batches ])
+    c = counts([6, 6], workers=2)
+    assert main["samples"] == 2 * 96 and main["stages"]["load"]["count"] == c["profiled"] * 16
+    assert main["meta"]["timed_batches"] == c["profiled"]
     regions = main["loop"]["regions"]
     for key in ("Forward", "Backward", "Optimizer"):
         assert regions[key]["count"] == main["loop"]["steps"], key

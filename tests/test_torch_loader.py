@@ -23,11 +23,12 @@ from pipelines import (
     truth,
     tune_transform,
 )
+from stage_sampling import PROFILED, arms, counts
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
 import pipeprof
-from pipeprof.collect.torch.loader import ProfiledLoader
+from pipeprof.collect.torch.loader import TIMED_FIRST, ProfiledLoader
 from pipeprof.core.session import Session
 
 CONTEXTS = ["fork", "spawn"]
@@ -538,9 +539,10 @@ def test_workers_take_the_training_process_probe_base(ctx, monkeypatch):
 
 
 def test_workers_fetching_batches_unprofiled_give_the_same_batches():
-    # NOTE [ Unprofiled batches ], in workers: each pass of 32 batches (16 a worker) has each
-    # worker's batches 4 and 12 profiled and the other 14 (its first "cold": compared with none)
-    # through the user's own transforms; the same random draws
+    # NOTE [ Unprofiled batches ], in workers: two passes of 32 batches (16 a worker); the
+    # profile's first TIMED_FIRST batches profiled (each worker's first 8 of the first pass),
+    # then one in STAGE_EVERY of each worker's, the others (a worker's first of the second
+    # pass "cold": compared with none) through the user's own transforms; the same random draws
     chain = transforms.Compose([AddNoise(0.0), Scale(0.0)])
     loader = DataLoader(
         CostDataset(32 * 4, transform=chain), batch_size=4, num_workers=2,
@@ -554,11 +556,18 @@ def test_workers_fetching_batches_unprofiled_give_the_same_batches():
     profiled = list(wrapped) + list(wrapped)
     assert len(plain) == len(profiled) == 64
     assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
-    assert session.costs["abw_off_batches"] == 2 * 2 * 13
-    assert session.costs["abw_cold_batches"] == 2 * 2
-    assert session.costs["abw_on_batches"] == 2 * 2 * 2
+    expected = arms([32, 32], workers=2)
+    c = counts([32, 32], workers=2)
+    assert c["off"] and c["cold"] and c["on"]  # every arm
+    assert session.costs["abw_off_batches"] == c["off"]
+    assert session.costs["abw_cold_batches"] == c["cold"]
+    assert session.costs["abw_on_batches"] == c["on"]
+    worker0 = expected[0::2]  # workers take a pass's batches in turn (passes of even length)
     with session.settled():
-        assert session.stages["worker0"]["transform/AddNoise"].count == 2 * 2 * 4
+        timed0 = sum(arm in PROFILED for arm in worker0)
+        assert session.stages["worker0"]["transform/AddNoise"].count == timed0 * 4
+    # the first TIMED_FIRST batches' stage time, kept apart for the scaled totals
+    assert session.meta["first_batches"]["batches"] == TIMED_FIRST
 
 
 def test_a_transform_a_worker_init_fn_sets_is_kept_through_unprofiled_batches():
@@ -571,7 +580,7 @@ def test_a_transform_a_worker_init_fn_sets_is_kept_through_unprofiled_batches():
     session = Session()
     plain, profiled = batches_of(loader, False), batches_of(loader, True, session=session)
     assert all(same(a, b) for a, b in zip(plain, profiled, strict=True))
-    assert session.costs["abw_off_batches"] == 2 * 27
+    assert session.costs["abw_off_batches"] == counts([64], workers=2)["off"] > 0
 
 
 def test_a_worker_init_fn_tuning_the_transform_in_place_tunes_the_users_own():
@@ -588,9 +597,10 @@ def test_a_worker_init_fn_tuning_the_transform_in_place_tunes_the_users_own():
 
 
 def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_path):
-    # NOTE [ Unprofiled batches ]: 66 batches in process, 8 of them (4, 12, ..., 60) through the
-    # stand-ins, the rest through the user's own loader (PIL's, not pipeprof's read/decode
-    # split) and transforms; the same images and random draws either way
+    # NOTE [ Unprofiled batches ]: 66 batches in process, the first TIMED_FIRST and one in
+    # STAGE_EVERY of the rest through the stand-ins, the others through the user's own loader
+    # (PIL's, not pipeprof's read/decode split) and transforms; the same images and random
+    # draws either way
     from torchvision import datasets
 
     from pipeprof.demo import make_images
@@ -606,9 +616,11 @@ def test_an_image_folder_fetched_partly_unprofiled_gives_the_same_batches(tmp_pa
     profiled = batches_of(loader, profiled=True, session=session)
     assert len(plain) == len(profiled) == 66
     assert all(same(a, b) for a, b in zip(plain, profiled))
-    assert session.costs["ab_off_batches"] == 66 - 8 - 1 and session.costs["ab_cold_batches"] == 1
+    c = counts([66])
+    assert session.costs["ab_off_batches"] == c["off"] > 0
+    assert session.costs.get("ab_cold_batches", 0) == c["cold"]
     with session.settled():
-        assert session.stages["main"]["load/decode"].count == 8
+        assert session.stages["main"]["load/decode"].count == c["profiled"] < 66
 
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])

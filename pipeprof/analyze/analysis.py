@@ -12,7 +12,13 @@ from pipeprof.analyze.hdf5 import h5_section
 from pipeprof.analyze.loop import loop_section, timeline
 from pipeprof.analyze.rules import RULES
 from pipeprof.analyze.scenarios import report_what_if
-from pipeprof.analyze.stages import overhead, stage_table, throughput, worker_table
+from pipeprof.analyze.stages import (
+    overhead,
+    stage_table,
+    throughput,
+    timed_batches,
+    worker_table,
+)
 from pipeprof.analyze.verdict import empty_verdict, loader_verdict, loop_verdict
 from pipeprof.core.session import Session
 from pipeprof.core.stats import Stat, figures
@@ -50,7 +56,7 @@ def _analyze(session: Session) -> dict[str, Any]:
         "workers": workers,
         "gpu": session.gpu,
         "host": session.host,
-        "meta": session.meta,
+        "meta": _meta(session),
         "notes": list(session.notes),
         "interrupted": session.interrupted,
         "overhead": overhead(session, stages),
@@ -65,6 +71,18 @@ def _analyze(session: Session) -> dict[str, Any]:
     report["timeline"] = timeline(session)
     report["verdict"], report["findings"], report["what_if"] = assess(report)
     return report
+
+
+def _meta(session: Session) -> dict[str, Any]:
+    """The session's meta; where the loader's stages were timed in a sample of the batches
+    (``stage_every``), with how many batches they were timed in (``timed_batches``), and
+    without the first batches' stage time (``first_batches``: the session's, for the stage
+    table; NOTE [ Unprofiled batches ] in collect/torch/loader.py)."""
+    if "stage_every" not in session.meta:
+        return session.meta
+    meta = {k: v for k, v in session.meta.items() if k != "first_batches"}
+    meta["timed_batches"] = timed_batches(session)
+    return meta
 
 
 def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:

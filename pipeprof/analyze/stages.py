@@ -38,32 +38,43 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
     """
     merged = merged_stages(session)
     table = {path: figures(stat) for path, stat in merged.items()}
+    timed = {path: stat.total_ns / 1e9 for path, stat in merged.items()}  # as recorded
     # The batches fetched with the recorder off have no records in the loader's stages (NOTE
-    # [ Unprofiled batches ] in collect/torch/loader.py): those stages' totals are scaled from
-    # the profiled samples to every sample, so that they add up with the ones timed on every
-    # batch (transfer/h2d, the loop's) and with the wait; counts and per-call figures are of the
-    # profiled samples.
+    # [ Unprofiled batches ] in collect/torch/loader.py): those stages' totals are scaled to
+    # every sample, so that they add up with the ones timed on every batch (transfer/h2d, the
+    # loop's) and with the wait; counts and per-call figures are of the profiled samples. In two
+    # strata: the profile's first batches, all timed, count as they are; the later timed ones
+    # stand for all the later batches. Where no later batch was timed (a profile a few batches
+    # longer than the first ones), or the first ones' time is not known (a file from before),
+    # every timed sample stands for the unprofiled ones alike.
     off = unprofiled_samples(session)
-    scale = session.samples / (session.samples - off) if 0 < off < session.samples else 1.0
+    first = session.meta.get("first_batches")
+    first = first if isinstance(first, dict) else {}
+    later = session.samples - first.get("samples", 0)
+    if not 0 < off < later:
+        first, later = {}, session.samples
+    scale = later / (later - off) if 0 < off < later else 1.0
     if scale != 1.0:
+        first_ns = first.get("ns") or {}
         for track, stats in session.stages.items():
+            kept = first_ns.get(track) or {}
             for path, stat in stats.items():
                 if track.startswith("worker") or _loader_path(path):
                     row = table[path]
-                    row["total_s"] = round(row["total_s"] + stat.total_ns * (scale - 1) / 1e9, 9)
+                    sampled_ns = max(0, stat.total_ns - kept.get(path, 0))
+                    row["total_s"] = round(row["total_s"] + sampled_ns * (scale - 1) / 1e9, 9)
     ancestors = {a for p in merged for a in _ancestors(p)}
     for parent in sorted(ancestors - merged.keys(), key=lambda p: p.count("/"), reverse=True):
-        kids = [v for k, v in table.items() if parent_of(k) == parent]
-        total = sum(k["total_s"] for k in kids)
-        count = max((k["count"] for k in kids), default=0)
+        kids = [k for k in table if parent_of(k) == parent]
+        total = sum(table[k]["total_s"] for k in kids)
+        timed[parent] = sum(timed[k] for k in kids)
+        count = max((table[k]["count"] for k in kids), default=0)
         table[parent] = {  # the keys of a timed stage; no percentiles of its own
             **figures(Stat()),
             "total_s": round(total, 9),
             "count": count,
             # per call, of the calls timed: a loader's totals are scaled, its counts are not
-            "mean_ms": round(total * 1e3 / count / (scale if _loader_path(parent) else 1), 6)
-            if count
-            else None,
+            "mean_ms": round(timed[parent] * 1e3 / count, 6) if count else None,
             "derived": True,
         }
     # tf.data stages come from a trace of the first elements only: per sample of those; a stage
@@ -101,6 +112,15 @@ def unprofiled_samples(session: Session, prefixes: tuple[str, ...] = ("ab", "abw
     collect/torch/loader.py): in the training process (``ab``) and in the workers (``abw``)."""
     c = session.costs
     return sum(c.get(f"{k}_{arm}_samples", 0) for k in prefixes for arm in ("off", "cold"))
+
+
+def timed_batches(session: Session) -> int:
+    """The batches whose loader stages were timed: all but those fetched with the recorder off
+    (NOTE [ Unprofiled batches ] in collect/torch/loader.py), in the training process and in
+    the workers, the cold ones included."""
+    c = session.costs
+    off = sum(c.get(f"{k}_{arm}_batches", 0) for k in ("ab", "abw") for arm in ("off", "cold"))
+    return max(0, session.batches - off)
 
 
 def _loader_path(path: str) -> bool:

@@ -166,13 +166,18 @@ def _size(mb: float) -> str:
 def sampling_line(data: dict[str, Any]) -> str | None:
     """How many samples the loader's stages were timed on, when a sample of the batches was
     (NOTE [ Unprofiled batches ] in collect/torch/loader.py), else None."""
-    every = (data.get("meta") or {}).get("stage_every")
+    meta = data.get("meta") or {}
+    every = meta.get("stage_every")
     ab = (data.get("overhead") or {}).get("unprofiled_batches") or {}
     off, samples = ab.get("unprofiled_samples") or 0, data.get("samples") or 0
     if not every or not off or not samples:
         return None
+    timed, first = meta.get("timed_batches"), meta.get("timed_first")
+    rule = f"the first {first}, then 1 in {every}" if first else f"1 in {every}"
+    where = f"{timed:,} of {data.get('batches') or 0:,} batches ({rule})" if timed else ""
+    where = where or f"1 batch in {every}"  # a report from before the count
     return (
-        f"stages timed in 1 batch in {every}: {samples - off:,} of {samples:,} samples; the "
+        f"stages timed in {where}: {samples - off:,} of {samples:,} samples; the "
         "other batches ran unprofiled, and each stage's total and share are scaled to every "
         "sample (stage_every=1 times every batch)"
     )

@@ -37,6 +37,7 @@ import os
 import statistics
 import sys
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -62,23 +63,41 @@ from pipeprof.core.session import Session
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
 BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # NOTE [ Unprofiled batches ]: in a map-style pass of at least SAMPLE_MIN_BATCHES batches, the
-# loader's stages are timed in one batch in ``stage_every`` (STAGE_EVERY unless the user says;
-# 1: every batch); the others are fetched with the recorder off and the dataset copy's
-# transforms set back to the user's own, so they run none of pipeprof's frames and have no stage
-# records (analyze/stages.py scales the stages' totals to every sample). Timing a sample of the
-# batches is what keeps pipeprof near 1 % of the CPU of a pipeline whose samples cost about a
-# millisecond (docs/overhead.md). The CPU per sample of the unprofiled batches against the
-# profiled ones among them (a pass's first batch, or a worker's, is cold: in neither arm) is what
-# the timed regions and their wrappers cost (analyze/stages.py: ``overhead``).
+# loader's stages are timed in the profile's first TIMED_FIRST batches (counted over its passes:
+# ``seen``), then in one batch in ``stage_every`` (STAGE_EVERY unless the user says; 1: every
+# batch); the others are fetched with the recorder off and the dataset copy's transforms set back
+# to the user's own, so they run none of pipeprof's frames and have no stage records. Timing a
+# sample of the batches is what keeps pipeprof near 1 % of the CPU of a pipeline whose samples
+# cost about a millisecond (docs/overhead.md); timing the first TIMED_FIRST in full is what holds
+# a short profile's stages to a 5 % error: 1 in 8 of a 20-batch profile is 2 or 3 batches, and a
+# stage's figure from those was seen 8.3 % off the truth. The report says how many batches were
+# timed (``meta["timed_batches"]``, analyze/analysis.py).
+# - The stages' totals are scaled to every sample (analyze/stages.py) in two strata: the first
+#   batches stand for themselves, the later timed ones for the later batches. The first batches'
+#   stage time is kept apart for that (``meta["first_batches"]``: batches, samples, ns per track
+#   and path; ``_first_add``). Scaled as one sample, the first batches, a worker's cold one among
+#   them, would weigh as much as the 1 in ``stage_every`` (a cold batch weighing 8 times once put
+#   ``load/decode`` 36 % over on the JPEG pipeline, docs/overhead.md).
+# - The CPU per sample of the unprofiled batches against the profiled ones among them is what the
+#   timed regions and their wrappers cost (analyze/stages.py: ``overhead``). Outside that
+#   comparison: a pass's first batch, or a worker's (cold), and the profile's first TIMED_FIRST
+#   batches. Those are all profiled and all come before any unprofiled one: counted as profiled
+#   they would charge the profile's warm-up (first allocations, page faults, cold caches) and any
+#   drift to pipeprof's regions; the arms are only the later batches, where one profiled batch in
+#   ``stage_every`` is interleaved with the unprofiled ones.
 # - num_workers=0: the process's CPU around ``next()`` (the process's: torch's intra-op threads
 #   spin while pipeprof's code runs between their ops); costs ``ab_*``.
 # - Workers: each worker decides for its own batches (``MapDataset._off_batch``), counting its
-#   batches from its start, and its CPU per batch (``cpu_ns``, which every payload carries) is
-#   compared; costs ``abw_*``. Also from the second pass of a loop over a shorter loader's epochs;
-#   workers that persist keep the rule they were started with. An unprofiled batch still travels
-#   in a Carrier, with no records and its figures in a tuple (``Collate``), so its wait splits
-#   and its worker's busy time counts as a profiled one's do.
+#   batches from its start: its first ``first`` are profiled (arm FIRST: the TIMED_FIRST still to
+#   time when it started, shared out, rounded up: workers take a pass's batches in turn), then
+#   one in ``stage_every``; its CPU per batch (``cpu_ns``, which every payload carries) is
+#   compared; costs ``abw_*``. Also from the second pass of a loop over a shorter loader's
+#   epochs; workers that persist keep the rule they were started with. An unprofiled batch still
+#   travels in a Carrier, with no records and its figures in a tuple (``Collate``), so its wait
+#   splits and its worker's busy time counts as a profiled one's do.
 SAMPLE_MIN_BATCHES = 16
+TIMED_FIRST = 16  # the profile's first batches, all timed (at least 16, or all of a shorter one)
+FIRST = "first"  # a worker's batch's arm: one of the profile's first, profiled, compared with none
 _AB_PARTS = ("batches", "samples", "ns", "q", "qq")
 _AB_KEYS: dict[str, tuple[str, ...]] = {}  # arm -> its keys in ``costs``, one per part
 
@@ -160,7 +179,7 @@ class _Delegate:
 
 # pipeprof's own attributes of a delegate (NOTE [ Unprofiled batches ]), set with
 # ``object.__setattr__``: the stand-ins and what they stand in for, and the workers' rule
-# (``(stage_every, phase)``, or None: every batch profiled)
+# (``(stage_every, phase, first)``, or None: every batch profiled)
 _DELEGATE_EXTRAS = ("_swaps", "_ab")
 
 
@@ -232,15 +251,18 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
 
     def _off_batch(self) -> bool:
         """NOTE [ Unprofiled batches ], in a worker: whether the batch now fetched is one of its
-        unprofiled ones (all but one in ``stage_every``); if so the recorder is off and the
-        user's transforms are back until ``Collate`` has made it."""
+        unprofiled ones (after its first ``first``, all but one in ``stage_every``); if so the
+        recorder is off and the user's transforms are back until ``Collate`` has made it."""
         ab = self.__dict__["_ab"]
         if ab is None or _OFF[0] is not None:
             _ARM[0] = None
             return False
-        every, phase = ab
+        every, phase, first = ab
         k = _WORKER_AB[0]
         _WORKER_AB[0] = k + 1
+        if k < first:  # one of the profile's first batches: profiled, outside the comparison
+            _ARM[0] = FIRST
+            return False
         if (k + phase) % every == every // 2:
             _ARM[0] = "on" if k else None  # its first batch is cold: compared with none
             return False
@@ -480,8 +502,9 @@ class ProfiledLoader:
     Yields exactly the batches ``loader`` would (moved to ``device`` when one is given). With
     ``ranges`` (NVTX, collect/ranges.py) each wait and each copy is a range, and the workers
     emit their stages. ``limit``: the batches a pass will take, where the caller knows it.
-    ``stage_every``: the loader's stages are timed in one batch in that many, in a pass of at
-    least SAMPLE_MIN_BATCHES batches (NOTE [ Unprofiled batches ]); 1 times every batch.
+    ``stage_every``: the loader's stages are timed in one batch in that many after the
+    profile's first TIMED_FIRST, in a pass of at least SAMPLE_MIN_BATCHES batches (NOTE
+    [ Unprofiled batches ]); 1 times every batch.
     """
 
     def __init__(
@@ -497,6 +520,10 @@ class ProfiledLoader:
         self.user_loader = loader
         self.stage_every = stage_every  # NOTE [ Unprofiled batches ]
         self.seen = 0  # batches yielded over all passes
+        # the workers tell the profile's first batches (arm FIRST), else the count of them does;
+        # those batches' stage time until ``_publish_first`` (NOTE [ Unprofiled batches ])
+        self._ruled = False
+        self._first: dict[str, Any] = {"batches": 0, "samples": 0, "ns": {}}
         self.opaque = own_iteration(loader)
         if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
             what = f"{type(loader).__name__} overrides {', '.join(self.opaque)}"
@@ -573,8 +600,9 @@ class ProfiledLoader:
                 # pass to pass (``seen``: this batch's index over them), so that each pass of a
                 # short loader's epochs takes its turn
                 sampled = ab and rec.active == 1
-                off = sampled and self.seen % self.stage_every != self.stage_every // 2
-                measure = sampled and k >= 1  # the first batch is cold: compared with none
+                later = sampled and self.seen >= TIMED_FIRST  # the profile's first all timed
+                off = later and self.seen % self.stage_every != self.stage_every // 2
+                measure = later and k >= 1  # the first batch is cold: compared with none
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
                 before = rec.enter(mine)
@@ -655,10 +683,12 @@ class ProfiledLoader:
     def _sampled(self) -> bool:
         """NOTE [ Unprofiled batches ]: whether this pass times its stages in a sample of its
         batches: a long one, or the second of a loop over a shorter loader's epochs (a short
-        one-off keeps every record). Said in ``meta["stage_every"]`` once a pass does."""
+        one-off keeps every record). Said in ``meta["stage_every"]`` once a pass does, with
+        ``meta["timed_first"]``, the profile's first batches timed all the same."""
         if self.stage_every < 2 or not self._ab_long(SAMPLE_MIN_BATCHES if self.passes < 2 else 1):
             return False
         self.session.meta["stage_every"] = self.stage_every
+        self.session.meta["timed_first"] = TIMED_FIRST
         return True
 
     def _ab_long(self, least: int) -> bool:
@@ -687,10 +717,16 @@ class ProfiledLoader:
         if not isinstance(dataset, MapDataset) or "_swaps" not in dataset.__dict__:
             return
         # each worker's count of batches goes on from the last pass's (``seen`` shared out), so
-        # that workers started afresh for each of a short loader's epochs take their turn
-        phase = self.seen // self.loader.num_workers % self.stage_every
-        ab = (self.stage_every, phase) if self._sampled() else None
+        # that workers started afresh for each of a short loader's epochs take their turn; of
+        # the profile's first TIMED_FIRST batches, those still to come are each worker's first
+        # (workers take a pass's batches in turn: rounded up, every one of them is timed)
+        workers = self.loader.num_workers
+        phase = self.seen // workers % self.stage_every
+        first = -(-max(0, TIMED_FIRST - self.seen) // workers)
+        ab = (self.stage_every, phase, first) if self._sampled() else None
         object.__setattr__(dataset, "_ab", ab)
+        if self.passes < 2 or not self.loader.persistent_workers:  # the workers starting now
+            self._ruled = ab is not None
 
     def _ab_add(self, arm: str, cpu_ns: int, samples: int) -> None:
         if samples <= 0:
@@ -738,6 +774,7 @@ class ProfiledLoader:
         rec = recorder()
         cpu0 = time.thread_time_ns()  # the batches' bookkeeping, deferred to here: a fold's
         self.session.run_deferred()
+        self._publish_first()
         self.session.add_cost("settle_ns", time.thread_time_ns() - cpu0)
         if self.h2d is not None:
             before = rec.enter(self._sinks[0])
@@ -780,7 +817,10 @@ class ProfiledLoader:
         starved = min(max(0, payload["end_ns"] - t0), t1 - t0)
         self.last_starved = starved
         self._samples = payload["samples"]
-        s.defer(self._book, payload, t0, t1, t_iter, span, carrier.pin_ns, starved)
+        # one of the profile's first batches (NOTE [ Unprofiled batches ]): as its worker says,
+        # or where no worker has the rule, by the count (``seen`` counts this batch already)
+        first = payload.get("ab") == FIRST if self._ruled else self.seen <= TIMED_FIRST
+        s.defer(self._book, payload, t0, t1, t_iter, span, carrier.pin_ns, starved, first)
         if not (self.seen - 1) % BYTES_EVERY:  # ``seen`` counts this batch already
             s.batch_bytes.add(batch_nbytes(carrier.batch))
         return carrier.batch
@@ -794,9 +834,11 @@ class ProfiledLoader:
         span: str,
         pin_ns: int,
         starved: int,
+        first: bool = False,
     ) -> None:
         """A batch's bookkeeping, run when the session settles: its worker's busy time and CPU,
-        pipeprof's costs, the probe, the unprofiled batches' comparison and the batch's wait."""
+        pipeprof's costs, the probe, the unprofiled batches' comparison, the batch's wait and,
+        for one of the profile's ``first`` batches, its stage time kept apart."""
         s = self.session
         arm = payload.get("ab")  # NOTE [ Unprofiled batches ], measured in a worker
         events = 0 if payload["track"] == "main" else payload["events"]
@@ -814,11 +856,49 @@ class ProfiledLoader:
             warm_ns = payload.get("probe_warm_ns")
             if warm_ns is not None and warm_ns < PROBE_CAP_NS:
                 s.probe_warm.add(warm_ns)
-        if arm is not None and "cpu_ns" in payload:
+        if arm is not None and arm != FIRST and "cpu_ns" in payload:
             self._ab_add(f"abw_{arm}", payload["cpu_ns"], payload["samples"])
         if pin_ns:
             s.add("main", "transfer/pin", pin_ns)
+        if first:
+            self._first_add(payload, pin_ns)
         s.add_batch(t0, t1, payload["samples"], t_iter, span, payload["track"], busy, starved)
+
+    def _first_add(self, payload: dict[str, Any], pin_ns: int) -> None:
+        """NOTE [ Unprofiled batches ]: one of the profile's first batches, all timed: its stages'
+        time per track and path, its samples (summed from the records as they travelled: 16
+        batches a loader, at the pass's end)."""
+        mine = self._first
+        mine["batches"] += 1
+        mine["samples"] += payload["samples"]
+        ns = mine["ns"].setdefault(payload["track"], {})
+        for key, packed in payload["raw"].items():  # key: a path, or (path, items each)
+            path = key if isinstance(key, str) else key[0]
+            flat = array("q")
+            flat.frombytes(packed)
+            ns[path] = ns.get(path, 0) + sum(flat[1::2])  # (start, self_ns) pairs
+        if pin_ns:
+            main = mine["ns"].setdefault("main", {})
+            main["transfer/pin"] = main.get("transfer/pin", 0) + pin_ns
+        self._publish_first()
+
+    def _publish_first(self) -> None:
+        """The first batches' stage time into ``meta["first_batches"]`` (added to another
+        loader's there), once this profile times a sample of the batches: analyze/stages.py
+        reads it where it scales the stages' totals. Kept back until then (a profile that times
+        every batch needs none of it), and published at each pass's end too, for a pass that
+        begins sampling after a short first one."""
+        mine = self._first
+        if not mine["batches"] or "stage_every" not in self.session.meta:
+            return
+        into = self.session.meta.setdefault("first_batches", {"batches": 0, "samples": 0, "ns": {}})
+        into["batches"] += mine["batches"]
+        into["samples"] += mine["samples"]
+        for track, paths in mine["ns"].items():
+            have = into["ns"].setdefault(track, {})
+            for path, ns in paths.items():
+                have[path] = have.get(path, 0) + ns
+        self._first = {"batches": 0, "samples": 0, "ns": {}}
 
     def _book_off(
         self,

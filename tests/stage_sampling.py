@@ -1,0 +1,64 @@
+"""The rule of NOTE [ Unprofiled batches ] (collect/torch/loader.py) stated again, from its
+constants, so that the tests derive which batches a profile times from the rule, not from
+counts written out by hand.
+
+Each batch a profile yields, in order, gets an arm: ``"timed"`` (profiled, outside the
+comparison: the profile's first TIMED_FIRST batches, a short pass's, and a cold profiled one),
+``"on"`` (profiled, compared), ``"off"`` (fetched unprofiled, compared) or ``"cold"`` (fetched
+unprofiled, the first of a pass or of a worker: compared with none).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from pipeprof.collect.torch.loader import SAMPLE_MIN_BATCHES, TIMED_FIRST
+from pipeprof.core.recorder import STAGE_EVERY
+
+PROFILED = ("timed", "on")
+
+
+def arms(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) -> list[str]:
+    """The arm of each batch yielded over passes of ``passes[i]`` batches each (a map-style
+    loader of that length, or the ``batches`` a profile takes of it), with ``workers`` worker
+    processes started afresh for each pass (taking its batches in turn)."""
+    out: list[str] = []
+    seen = 0
+    for p, n in enumerate(passes):
+        sampled = every >= 2 and n >= (SAMPLE_MIN_BATCHES if p == 0 else 1)
+        for i in range(n):
+            if not sampled:
+                out.append("timed")
+            elif not workers:  # the training process's rule, on the profile's count
+                s = seen + i
+                if s < TIMED_FIRST:
+                    out.append("timed")
+                elif s % every == every // 2:
+                    out.append("on" if i else "timed")
+                else:
+                    out.append("off" if i else "cold")
+            else:  # each worker's rule, on its own count since its start
+                phase = seen // workers % every
+                first = -(-max(0, TIMED_FIRST - seen) // workers)
+                k = i // workers
+                if k < first:
+                    out.append("timed")
+                elif (k + phase) % every == every // 2:
+                    out.append("on" if k else "timed")
+                else:
+                    out.append("off" if k else "cold")
+        seen += n
+    return out
+
+
+def counts(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) -> Counter[str]:
+    """How many batches of each arm (``arms``); ``"profiled"``: those whose stages were timed."""
+    c = Counter(arms(passes, workers, every))
+    c["profiled"] = c["timed"] + c["on"]
+    return c
+
+
+def timed_indices(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) -> list[int]:
+    """The indices (over the whole profile) of the batches whose stages were timed."""
+    return [i for i, arm in enumerate(arms(passes, workers, every)) if arm in PROFILED]
