@@ -32,6 +32,8 @@ def test_the_verdict_names_the_cause_built_in(cause):
         assert row["stages"] == [case.stage] and row["stage"] == case.stage
     if case.cause_is is not None:
         assert row["wait_cause"] == case.cause_is and row["stages"] == []
+    if cause == "hand-over":  # workers with slack: no GIL to wait for, no file_system first
+        assert row["handover_gil"] is False, row
 
 
 def test_the_judge_refuses_a_wrong_stage_and_a_wrong_cause():
@@ -39,12 +41,14 @@ def test_the_judge_refuses_a_wrong_stage_and_a_wrong_cause():
     stage, or another kind, is wrong."""
     v = {"kind": "input-bound", "stage": "load", "stages": ["load"], "cause": "starved",
          "headline": ""}  # fmt: skip
-    assert matrix.judge(matrix.CASES["storage"], {"verdict": v})["right"]
-    assert not matrix.judge(matrix.CASES["collate"], {"verdict": v})["right"]
-    assert not matrix.judge(matrix.CASES["hand-over"], {"verdict": v})["right"]
-    assert not matrix.judge(matrix.CASES["compute"], {"verdict": v})["right"]
-    both = {**v, "stages": ["load", "collate"]}
-    assert not matrix.judge(matrix.CASES["storage"], {"verdict": both})["right"]
+    r = {"verdict": v, "findings": []}
+    assert matrix.judge(matrix.CASES["storage"], r)["right"]
+    assert not matrix.judge(matrix.CASES["collate"], r)["right"]
+    assert not matrix.judge(matrix.CASES["hand-over"], r)["right"]
+    assert not matrix.judge(matrix.CASES["compute"], r)["right"]
+    assert not matrix.judge(
+        matrix.CASES["storage"], {**r, "verdict": {**v, "stages": ["load", "collate"]}}
+    )["right"]
 
 
 @pytest.mark.timing
@@ -86,3 +90,26 @@ def test_full_cores_are_not_waiting():
     assert stage.wall_ms == pytest.approx(stage.cpu_ms) == pytest.approx(5.0)
     (stage,) = from_report(idle, 2).stages
     assert stage.wall_ms == pytest.approx(10.0) and stage.cpu_ms == pytest.approx(5.0)
+
+
+def test_past_the_cores_python_workers_are_judged_by_their_hand_over():
+    """``Case.gil``: Python in more workers than cores, the truth is the hand-over that waits
+    for their GIL, with file_system sharing as the first fix; with the cores to spare, the
+    stage."""
+    import os
+
+    past = (os.cpu_count() or 1) + 1
+    case = matrix.CASES["collate"]
+    fix = "torch.multiprocessing.set_sharing_strategy('file_system') …"
+    verdict = {"kind": "input-bound", "stage": None, "stages": [], "cause": "hand-over",
+               "headline": ""}  # fmt: skip
+    found = [{"id": "handover", "fix": f"{fix}; larger batches", "evidence": {}}]
+    handed = {"verdict": verdict, "findings": found}
+    assert matrix.judge(case, handed, past)["right"]
+    assert not matrix.judge(case, handed, 1)["right"]  # within the cores: collate limits
+    other_first = {**handed, "findings": [{"id": "handover", "fix": f"larger batches; {fix}",
+                                           "evidence": {}}]}  # fmt: skip
+    assert not matrix.judge(case, other_first, past)["right"]
+    staged = {"verdict": {"kind": "input-bound", "stage": "collate", "stages": ["collate"],
+                          "cause": "starved", "headline": ""}, "findings": []}  # fmt: skip
+    assert matrix.judge(case, staged, 1)["right"] and not matrix.judge(case, staged, past)["right"]

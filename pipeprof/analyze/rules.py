@@ -506,7 +506,7 @@ def _cpu_shared(
         f"{with_startup(report, will, now, evidence, need)} (now "
         f"{now or 0:.0f} with {_workers(n)}), counting that {busy}"
     )
-    if need + occupied > cores and not _waiting_bound(report):
+    if need + occupied > cores:
         # computing workers beside the step, past the cores: how this machine's logical CPUs
         # share their work (hyper-threads do not add a core's worth each) and how long each
         # hand-over then waits for a busy worker was not measured (the diagnosis matrix: 3 ms
@@ -528,6 +528,12 @@ def _cpu_shared(
 
 def _workers(n: int) -> str:
     return "no workers" if n == 0 else "1 worker" if n == 1 else f"{n} workers"
+
+
+def _cpu_share(report: dict[str, Any]) -> float | None:
+    """The workers' CPU time over their busy time, where their clocks were read."""
+    ws = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
+    return sum(w["cpu_s"] for w in ws) / sum(w["busy_s"] for w in ws) if ws else None
 
 
 def _waiting_bound(report: dict[str, Any]) -> bool:
@@ -571,8 +577,30 @@ def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
             return None
         share = f"{frac:.0%} of the time between batches"
     mb = wait.get("batch_mb")
-    pinned = bool((report.get("meta") or {}).get("pin_memory"))
+    meta = report.get("meta") or {}
+    pinned = bool(meta.get("pin_memory"))
     fixes = []
+    # NOTE [ A hand-over that waits for a worker's GIL ]: with file_descriptor sharing, each
+    # tensor received is rebuilt from a file descriptor that a thread of the worker that made it
+    # hands over; that thread needs the worker's GIL, which the worker's Python holds while it
+    # makes the next batch (up to the 5 ms switch interval a tensor). Where the workers are busy
+    # (at least half their time) and compute (their CPU at least half their busy time, or the
+    # cores full), that is the likely cause, and file_system sharing removes it (the diagnosis
+    # matrix: 4 workers with 16 ms of Python collate on 2 cores ran 266-287 samples/s; with
+    # file_system, 636-709). Workers with slack (large batches made at once) hold no GIL long.
+    busy = [w["busy_fraction"] for w in facts["workers"] if w.get("busy_fraction") is not None]
+    gil = (
+        meta.get("sharing_strategy") == "file_descriptor"
+        and bool(busy)
+        and sum(busy) / len(busy) >= 0.5
+        and ((_cpu_share(report) or 0.0) >= 0.5 or cores_full(report, int(facts["cores"])))
+    )
+    if gil:
+        fixes.append(
+            "the workers compute in Python while each tensor's file descriptor waits for their "
+            "GIL: torch.multiprocessing.set_sharing_strategy('file_system') at the start of the "
+            "script hands tensors over without them (or use transforms that release the GIL)"
+        )
     # uint8 only where the conversion lands on a GPU: on a CPU-only run it moves work into the
     # training process (followed on 19 MB float32 batches: the wait fell 4.4 -> 1.2 ms a step,
     # the run went from 1.17 to 1.49 s)
@@ -588,10 +616,11 @@ def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
             "pin_memory=True runs a pinning thread that competes with the loop for the CPU: "
             "measure with pin_memory=False"
         )
-    fixes.append(
-        "with many tensors per batch, torch.multiprocessing.set_sharing_strategy('file_system') "
-        "saves a file descriptor per tensor"
-    )
+    if not gil:
+        fixes.append(
+            "with many tensors per batch, torch.multiprocessing.set_sharing_strategy("
+            "'file_system') saves a file descriptor per tensor"
+        )
     return finding(
         "handover",
         "warning",
@@ -604,6 +633,8 @@ def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
             "batch_mb": mb,
             "pin_memory": pinned,
             "num_workers": facts["n_workers"],
+            "sharing_strategy": meta.get("sharing_strategy"),
+            "waits_for_workers_gil": gil,
         },
         "; ".join(fixes) + f". At most the whole hand-over, {ms:.2g} ms per batch, is to gain; "
         "more workers do not shorten it",

@@ -1022,6 +1022,8 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
             or multiprocessing.get_all_start_methods()[0]  # the platform default, not fixed
         ),
         "device": str(device) if device is not None else None,
+        # how workers share tensors with this process (the hand-over finding reads it)
+        "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),  # type: ignore[no-untyped-call]
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
