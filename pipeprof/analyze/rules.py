@@ -359,17 +359,16 @@ def with_startup(
     startup, wall = loop.get("startup_wait_s") or 0.0, loop.get("wall_s") or 0.0
     n = int(meta.get("num_workers") or 0)
     starts = 1 if meta.get("persistent_workers") else max(1, int(loop.get("epochs") or 1))
-    # A start takes the longer of the start-up measured and the forks of the whole pool, one
-    # after the other, then one batch of a worker's work. Forks beyond twice the cores slow as
-    # the workers already started compete with the training process for them (the matrix's
-    # storage loop on 2 cores: 33 ms a worker measured with 2 workers; 6, 8 and 10 workers
-    # took 0.28-0.34, 0.52 and 0.61 s to their first batch).
+    # A start of the larger pool takes the start-up measured with n workers plus the forks of
+    # the workers it adds: the training process forks them all, one after the other, before
+    # the first batch. Forks beyond twice the cores slow as the workers already started compete
+    # with the training process for them (the matrix's storage loop on 2 cores: about 0.11 s
+    # to the first batch and 33 ms a worker measured with 2 workers; 6, 8 and 10 workers took
+    # 0.28-0.34, 0.52 and 0.61 s).
     fork_s = (meta.get("worker_start_ms") or 0.0) / 1e3
     cores = int((report.get("host") or {}).get("cpu_count") or meta.get("cpu_count") or 1)
     crowd = max(1.0, need / (2 * cores))
-    made = [w["busy_s"] / w["batches"] for w in report.get("workers") or []
-            if w.get("batches") and w.get("busy_s")]  # fmt: skip
-    pool = need * fork_s * crowd + (sum(made) / len(made) if made else 0.0)
+    pool = startup / starts + (need - n) * fork_s * crowd
     if meta.get("multiprocessing_context") not in (None, "fork") and n:
         # spawn, forkserver: each worker is a new interpreter that imports the user's modules
         # (torch: seconds of CPU) before its first batch, the pool at once on the cores: an
