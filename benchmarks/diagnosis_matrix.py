@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,33 +264,25 @@ def loader_for(case: Case, workers: int, start: str, **changes: Any) -> DataLoad
 
 
 def train(loader: Any, case: Any, prof: Any = None, every: dict[str, int] | None = None
-          ) -> tuple[int, float]:  # fmt: skip
+          ) -> tuple[int, float, float]:  # fmt: skip
     """The training loop: each step runs the case's regions (under ``prof``'s regions when
-    profiled); returns the samples and the seconds of the whole run, start-up included."""
+    profiled); returns the samples, the seconds of the whole run, start-up included, and the
+    seconds to its first batch."""
     every = every or {}
     data = prof.wrap(loader) if prof is not None else loader
-    t0, samples, k = time.perf_counter(), 0, 0
-    global FIRST_BATCH_S
+    t0, samples, k, first_s = time.perf_counter(), 0, 0, 0.0
     for _ in range(case.epochs):
         for x, _ in data:
             if k == 0:
-                FIRST_BATCH_S = time.perf_counter() - t0
+                first_s = time.perf_counter() - t0
             for name, how, ms, n in case.step:
                 if k % every.get(name, n):
                     continue
-                with prof.region(name) if prof is not None else _nothing():
+                with prof.region(name) if prof is not None else nullcontext():
                     cpu(ms) if how == "cpu" else time.sleep(ms / 1e3)
             samples += len(x)
             k += 1
-    return samples, time.perf_counter() - t0
-
-
-FIRST_BATCH_S = 0.0  # the last run's wait for its first batch (start-up)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
+    return samples, time.perf_counter() - t0, first_s
 
 
 @contextmanager
@@ -339,14 +331,14 @@ def followed(case: Case, workers: int, start: str, report: dict[str, Any], befor
         hint = fix.startswith("worth trying")
         if f["id"] == "workers-needed" and "num_workers=" in fix:
             k = ev["workers_needed"]
-            samples, secs = train(loader_for(case, k, start), case)
+            samples, secs, _ = train(loader_for(case, k, start), case)
             promised = ev.get("predicted_run_samples_per_s") or ev["predicted_samples_per_s"]
             got = samples / secs
             out.append({"id": f["id"], "hint": hint, "fix": f"num_workers={k}",
                         "promised": promised, "before": round(before, 1), "after": round(got, 1),
                         "delivered": round(got / promised, 3), "gain": got > before})  # fmt: skip
         elif f["id"] == "slow-startup" and "persistent_workers=True" in fix and ev.get("gain_s"):
-            _, secs = train(loader_for(case, workers, start, persistent_workers=True), case)
+            _, secs, _ = train(loader_for(case, workers, start, persistent_workers=True), case)
             saved = before_s - secs
             out.append({"id": f["id"], "hint": hint, "fix": "persistent_workers=True",
                         "promised": ev["gain_s"], "before": round(before_s, 3),
@@ -355,8 +347,8 @@ def followed(case: Case, workers: int, start: str, report: dict[str, Any], befor
         elif f["id"] == "overhead-regions" and ev.get("gain_s"):
             # the steps' time, start-up apart: spawn's start-up varies by seconds run to run
             region, n = ev["region"], ev["every"]
-            _, secs = train(loader_for(case, workers, start), case, every={region: n})
-            secs -= FIRST_BATCH_S
+            _, secs, first_s = train(loader_for(case, workers, start), case, every={region: n})
+            secs -= first_s
             before_s = steps_s
             saved = before_s - secs
             out.append({"id": f["id"], "hint": hint, "fix": f"{region} every {n} steps",
@@ -370,8 +362,8 @@ def run_case(case: Case, workers: int, start: str, busy: bool, follow: bool = Tr
              ) -> dict[str, Any]:  # fmt: skip
     """One crossing: the plain loop, the profiled one, the verdict judged, the fixes followed."""
     with saturated(busy):
-        samples, secs = train(loader_for(case, workers, start), case)
-        steps_s = secs - FIRST_BATCH_S
+        samples, secs, first_s = train(loader_for(case, workers, start), case)
+        steps_s = secs - first_s
         prof = pipeprof.Profiler()  # as a user runs it: the host sampled
         with prof:
             train(loader_for(case, workers, start), case, prof)

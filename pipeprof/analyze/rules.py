@@ -20,6 +20,7 @@ from pipeprof.analyze.scenarios import (
     from_report,
     loop_rate,
     training_cores,
+    worker_cpu_share,
 )
 from pipeprof.analyze.tf_rules import TF_RULES
 from pipeprof.analyze.verdict import MODERATE_WAIT, handover_overlapped, loop_view
@@ -306,13 +307,13 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     }
     msg = (
         f"with {_workers(need)} the loop would run at about {will:.0f} samples/s"
-        f"{with_startup(report, will, now, evidence, need)} "
+        f"{with_startup(report, will, now, evidence, need, int(cores))} "
         f"(now {now or 0:.0f} with {_workers(n)}): its steps take {floor['step_ms']:.3g} ms when "
         f"data is ready ({floor['compute_ms']:.3g} ms compute, {floor['handover_ms']:.2g} ms "
         f"hand-over); each worker gives {rate:.0f} samples/s"
     )
     run = evidence.get("predicted_run_samples_per_s") or will
-    if (need <= cores - 1 or _waiting_bound(report)) and now and run < CPU_GAIN * now:
+    if (need <= cores - 1 or _waiting_bound(report, int(cores))) and now and run < CPU_GAIN * now:
         # the pool's start-up takes what its rate gives, over a run this short: no promise
         msg += (
             f"; but over a run like this one, {need} workers' start-up "
@@ -322,7 +323,7 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         return finding("workers-needed", "info", facts["limiting"], msg, evidence,
                        f"worth trying for longer runs, not measured: DataLoader(num_workers="
                        f"{need}, persistent_workers=True)")  # fmt: skip
-    if need <= cores - 1 or _waiting_bound(report):
+    if need <= cores - 1 or _waiting_bound(report, int(cores)):
         fix = f"DataLoader(num_workers={need})"
     else:
         fix = (
@@ -342,13 +343,18 @@ FEED_HEADROOM = 1.2
 
 
 def with_startup(
-    report: dict[str, Any], will: float, now: float | None, evidence: dict[str, Any], need: int
+    report: dict[str, Any],
+    will: float,
+    now: float | None,
+    evidence: dict[str, Any],
+    need: int,
+    cores: int,
 ) -> str:
     """The rate over a whole run like this one at a steady ``will`` samples/s with ``need``
     workers: its samples at that rate plus the start-up waits it paid (each epoch's first
-    batches, as measured; a larger pool starts no sooner) or, if longer, the forks of the
-    whole pool (``meta.worker_start_ms`` each, measured: the training process starts them one
-    after the other, every epoch unless they persist), into ``evidence``
+    batches, as measured) and the forks of the workers it adds (``meta.worker_start_ms``
+    each, measured: the training process starts them one after the other, every epoch unless
+    they persist), into ``evidence``
     (``predicted_run_samples_per_s``, None where that start-up is under ``STARTUP_SHARE`` of
     the predicted run), and the words for the message. The share is of the run as it will be:
     of the run as it was, a start-up that the faster run makes a quarter of its time went
@@ -366,7 +372,6 @@ def with_startup(
     # to the first batch and 33 ms a worker measured with 2 workers; 6, 8 and 10 workers took
     # 0.28-0.34, 0.52 and 0.61 s).
     fork_s = (meta.get("worker_start_ms") or 0.0) / 1e3
-    cores = int((report.get("host") or {}).get("cpu_count") or meta.get("cpu_count") or 1)
     crowd = max(1.0, need / (2 * cores))
     pool = startup / starts + (need - n) * fork_s * crowd
     if meta.get("multiprocessing_context") not in (None, "fork") and n:
@@ -502,7 +507,7 @@ def _cpu_shared(
         return finding("workers-needed", "info", facts["limiting"], msg, evidence, fix)
     msg = (
         f"with {_workers(need)} the loop would run at about {will:.0f} samples/s"
-        f"{with_startup(report, will, now, evidence, need)} (now "
+        f"{with_startup(report, will, now, evidence, need, int(cores))} (now "
         f"{now or 0:.0f} with {_workers(n)}), counting that {busy}"
     )
     if need + occupied > cores:
@@ -529,19 +534,11 @@ def _workers(n: int) -> str:
     return "no workers" if n == 0 else "1 worker" if n == 1 else f"{n} workers"
 
 
-def _cpu_share(report: dict[str, Any]) -> float | None:
-    """The workers' CPU time over their busy time, where their clocks were read."""
-    ws = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
-    return sum(w["cpu_s"] for w in ws) / sum(w["busy_s"] for w in ws) if ws else None
-
-
-def _waiting_bound(report: dict[str, Any]) -> bool:
+def _waiting_bound(report: dict[str, Any], cores: int) -> bool:
     """The workers mostly wait (storage, network, sleep): more of them than cores still help.
     Not where the cores were full: then they wait for a core (NOTE [ Full cores are not
     waiting ] in scenarios.py)."""
     workers = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
-    cores = int((report.get("host") or {}).get("cpu_count") or
-                (report.get("meta") or {}).get("cpu_count") or 1)  # fmt: skip
     return (
         bool(workers)
         and sum(w["cpu_s"] for w in workers) < 0.5 * sum(w["busy_s"] for w in workers)
@@ -592,7 +589,7 @@ def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
         meta.get("sharing_strategy") == "file_descriptor"
         and bool(busy)
         and sum(busy) / len(busy) >= 0.5
-        and ((_cpu_share(report) or 0.0) >= 0.5 or cores_full(report, int(facts["cores"])))
+        and ((worker_cpu_share(report) or 0.0) >= 0.5 or cores_full(report, int(facts["cores"])))
     )
     if gil:
         fixes.append(

@@ -55,7 +55,7 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     samples, batches = report.get("samples") or 0, report.get("batches") or 0
     if not samples or not batches:
         return None
-    cpu_share = _worker_cpu_share(report)
+    cpu_share = worker_cpu_share(report)
     # NOTE [ Full cores are not waiting ]: a worker's busy time beyond its CPU time is waiting
     # (storage, the network, a sleep), which more workers overlap, unless the cores were full:
     # then it is the wait for a core, and more workers only wait longer. There, each stage
@@ -152,7 +152,7 @@ def loop_rate(
     return b * 1e3 / max(period, step)
 
 
-def _worker_cpu_share(report: dict[str, Any]) -> float | None:
+def worker_cpu_share(report: dict[str, Any]) -> float | None:
     """CPU time / busy time of the workers: their own CPU clocks, else the host sampler's."""
     workers = [w for w in report.get("workers") or [] if w.get("cpu_s") and w.get("busy_s")]
     if workers:
@@ -177,7 +177,7 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
         return []
     basis = "model from this profile's stage times" + (
         ", the loading processes' CPU share measured"
-        if _worker_cpu_share(report) is not None
+        if worker_cpu_share(report) is not None
         else ", stages taken as CPU-bound (pipeprof.bench measures their CPU time)"
     )
     n = int(facts["n_workers"])
