@@ -15,6 +15,7 @@ from typing import Any
 from pipeprof.collect import ranks
 from pipeprof.collect.comm import CommClock, time_ddp
 from pipeprof.collect.loop import GenericSource, StepLog, run_alone
+from pipeprof.collect.machine import core_scaling
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
@@ -208,6 +209,7 @@ class Profiler:
         for sampler in self._samplers:
             sampler.stop()
         s.overhead_ns = measure_overhead()  # after the loop: calibrating is not the loop's time
+        s.meta["core_scaling"] = core_scaling()  # cached per machine (collect/machine.py)
         self._collect_samplers()
         self._twins.clear()  # lets persistent workers of the profiled twins shut down
         payload = recorder().drain()
@@ -639,6 +641,7 @@ def profile(
             ranges.uninstall()
     session.settle_counted()
     session.overhead_ns = measure_overhead()  # after the run: calibrating is not its time
+    session.meta["core_scaling"] = core_scaling()
     if session.batches == 0 and not session.interrupted:
         raise ValueError(
             "the loader yielded no batches: is its dataset empty, or is drop_last=True "

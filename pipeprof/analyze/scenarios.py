@@ -63,12 +63,14 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     # workers on 2 cores, read as half waiting, asked for 14 workers and promised more than the
     # loop then ran: 132 against 139-148 samples/s, where 2 workers ran it at 291-300)
     full = cpu_share is not None and cores_full(report, cores)
+    effective, alone = scaled_cores(report, cores)
     stages = []
     for path, row in report["stages"].items():
         if path == "collate" or path.startswith("transfer") or row.get("derived"):
             continue
         wall = row.get("per_sample_ms") or row["total_s"] * 1e3 / samples  # of the timed samples
         cpu = wall * (1.0 if cpu_share is None else cpu_share)
+        wall, cpu = wall - cpu * (1.0 - alone), cpu * alone  # its CPU at a lone core's speed
         stages.append(StageCost(path, cpu if full else wall, cpu))
     if not stages:
         return None
@@ -87,8 +89,33 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     # own clocks measured 109, and its loop's rate with 3-5 workers 11-14 % under the rate
     # measured with them; now 4-7 %)
     collate_cpu = collate * (1.0 if cpu_share is None else cpu_share)
-    return Model(tuple(stages), size, float(cores), 0.0, collate_cpu if full else collate,
+    collate, collate_cpu = collate - collate_cpu * (1.0 - alone), collate_cpu * alone
+    return Model(tuple(stages), size, effective, 0.0, collate_cpu if full else collate,
                  collate_cpu, handover_ms=handover)  # fmt: skip
+
+
+def scaled_cores(report: dict[str, Any], cores: int) -> tuple[float, float]:
+    """(the cores as the model counts them, a stage's cost alone over its cost in this run).
+
+    NOTE [ Cores are not all equal ] (collect/machine.py): with every core busy, each does
+    ``per_process`` of a lone core's work, so ``P`` cores count as ``P × per_process``. The
+    stage costs were measured with the run's own ``m`` busy processes (its CPU time over its wall
+    time, the training process's and the workers'): each ran at ``1 - (1 - per_process) ×
+    (m - 1) / (P - 1)`` of its lone speed, taken as linear between one busy process and ``P``.
+    A profile without the probe (older files, a probe that could not run) counts whole cores.
+    """
+    scaling = (report.get("meta") or {}).get("core_scaling") or {}
+    per = scaling.get("per_process")
+    if not isinstance(per, (int, float)) or not 0 < per < 1 or cores < 2:
+        return float(cores), 1.0
+    wall, meta = report.get("wall_s") or 0.0, report.get("meta") or {}
+    main_ns = meta.get("main_cpu_ns")
+    busy = (main_ns / 1e9 if isinstance(main_ns, int) else 0.0) + sum(
+        w.get("cpu_s") or 0.0 for w in report.get("workers") or []
+    )
+    m = min(float(cores), max(1.0, busy / wall)) if wall else 1.0
+    speed = 1.0 - (1.0 - per) * (m - 1.0) / (cores - 1.0)
+    return max(1.0, cores * per), speed
 
 
 FULL_CORES = 0.85  # CPU time over wall time, of all cores: what a busy 2-core VM reaches
@@ -180,6 +207,9 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
         if worker_cpu_share(report) is not None
         else ", stages taken as CPU-bound (pipeprof.bench measures their CPU time)"
     )
+    if model.cores < cores:  # NOTE [ Cores are not all equal ]: say what the model took
+        basis += (f", the {cores} cores counted as {model.cores:.3g}: busy at once, each did "
+                  f"{model.cores / cores:.0%} of a lone core's work (measured)")  # fmt: skip
     n = int(facts["n_workers"])
     floor = loop_floor(report.get("loop") or {}, model.batch_size,
                        handover=not handover_overlapped(report))  # fmt: skip

@@ -208,6 +208,47 @@ def background_for(model: Model, workers: int, others_cores: float) -> float:
     return (lo + hi) / 2
 
 
+def scaled_workers(model: Model, factor: float, cpu_factor: float | None = None) -> Model:
+    """``model`` with the wall time of every cost a worker pays (its stages, collate, sending a
+    batch) × ``factor`` and their CPU time × ``cpu_factor`` (default ``factor``; the wall time
+    stays at least the CPU time); the main process's costs are left as they are."""
+    fc = factor if cpu_factor is None else cpu_factor
+
+    def both(wall: float, cpu: float) -> tuple[float, float]:
+        return max(wall * factor, cpu * fc), cpu * fc
+
+    stages = []
+    for s in model.stages:
+        wall, cpu = both(s.wall_ms, s.cpu_ms)
+        stages.append(replace(s, wall_ms=wall, cpu_ms=cpu))
+    collate_wall, collate_cpu = both(model.collate_wall_ms, model.collate_cpu_ms)
+    return replace(model, stages=tuple(stages), collate_wall_ms=collate_wall,
+                   collate_cpu_ms=collate_cpu, send_ms=model.send_ms * fc)  # fmt: skip
+
+
+def calibrated(
+    model: Model, workers: int, measured: float, cpu_factor: float | None = None
+) -> float | None:
+    """The factor on the workers' wall times (``scaled_workers``, CPU × ``cpu_factor``) under
+    which ``model`` gives the ``measured`` samples/s at ``workers`` (bisection, 1/20 to 20:
+    throughput falls as the workers' costs grow); None where no factor in that range reaches
+    it (the main process, or the hand-over, caps the model below what ran)."""
+    lo, hi = 0.05, 20.0
+
+    def rate(f: float) -> float:
+        return throughput(scaled_workers(model, f, cpu_factor), workers)
+
+    if not rate(hi) <= measured <= rate(lo):
+        return None
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if rate(mid) > measured:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
 def throughput(model: Model, workers: int) -> float:
     """Predicted samples/s with ``workers`` worker processes (0: in the main process)."""
     return float(solve(model, workers)["samples_per_s"])
@@ -324,6 +365,11 @@ class Prediction(float):
         k = d["workers"]
         text = f"{float(self):.1f} samples/s at {k} worker{'s' if k != 1 else ''}"
         text += f" (limit: {d['limit']})"
+        a = d.get("anchor")
+        if a:
+            w = a["workers"]
+            text += (f", anchored to the run with {w} worker{'s' if w != 1 else ''} (the "
+                     f"workers' costs ×{a['factor']:.2f} their stand-alone timings)")  # fmt: skip
         if "compute_samples_per_s" in d:
             need = d["workers_needed"]
             text += f"; {need if need is not None else 'no number of'} workers feed the compute"
@@ -339,9 +385,11 @@ def predict(
     compute_rate: float | None = None,
     speedup: Mapping[str, float] | None = None,
     cached_stages: Iterable[str] | None = None,
+    anchored_to: dict[str, Any] | None = None,
 ) -> Prediction:
     """The rate a consumer gets at ``workers``: the loader's, or with ``compute_rate`` (samples/s
-    a training step consumes when never waiting) the smaller of the two."""
+    a training step consumes when never waiting) the smaller of the two. ``anchored_to`` says
+    which measured run the model was calibrated on (``calibrated``), if any."""
     if speedup:
         model = faster(model, speedup)
     if cached_stages:
@@ -357,6 +405,7 @@ def predict(
         "ceiling_workers": top_k,
         "speedup": dict(speedup or {}),
         "cached": list(cached_stages or []),
+        "anchor": anchored_to,
     }
     if compute_rate is None:
         return Prediction(x, details)

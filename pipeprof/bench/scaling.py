@@ -22,22 +22,6 @@ from typing import Any
 from pipeprof.bench.isolation import seed_all
 
 
-def usable_cores() -> int:
-    """Cores this process may use: its CPU affinity, capped by a cgroup CPU quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        cores = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
-
-
 def _spin(seconds: float, conn: Any) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:

@@ -285,6 +285,12 @@ def utilisation(data: dict[str, Any]) -> RenderableType | None:
             if kids:
                 text += f"; {len(kids)} children {util(sum(kids) / len(kids))} each"
             lines.append(text)
+    scaling = (data.get("meta") or {}).get("core_scaling") or {}
+    if isinstance(scaling.get("per_process"), (int, float)) and scaling["per_process"] < 0.95:
+        lines.append(  # NOTE [ Cores are not all equal ]: what the what-ifs assumed
+            f"cores: all {scaling.get('cores')} busy, each does {pct(scaling['per_process'])} of "
+            f"a lone core's work: the what-ifs count {num(scaling.get('effective_cores'))}"
+        )
     if not lines:
         return None
     return Group(Text("utilisation", style="bold"), Text("\n".join(lines)))
