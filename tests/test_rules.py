@@ -38,7 +38,7 @@ from pipelines import (
     spin,
     truth,
 )
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
 import pipeprof
@@ -164,6 +164,39 @@ def test_ten_identical_runs_near_the_threshold_give_one_answer():
     top = max(set(answers), key=answers.count)
     assert answers.count(top) >= 9, (answers, fractions)
     assert not {"input-bound", "compute-bound"} <= set(answers), (answers, fractions)
+
+
+class EveryThird(Dataset):
+    """Sample i costs 8 ms (sleep) when i is a multiple of 3, else nothing."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i % 3 == 0:
+            time.sleep(0.008)
+        return torch.zeros(3), i
+
+
+@pytest.mark.timing
+def test_a_run_too_short_to_tell_says_so_and_a_longer_one_does_not():
+    """Five steady steps, one in three waiting 8 ms beside a 10 ms step: the wait share's 95 %
+    interval spans most of 0-100 %, and the verdict says the run is too short to tell and how
+    many steps it had, not "borderline" with that interval. The same loop over 40 steps is
+    narrow enough to be a verdict."""
+    short, _ = run_loop(DataLoader(EveryThird(6), batch_size=1), [("Forward", 10.0)])
+    v = short["verdict"]
+    lo, hi = v["wait_fraction_interval"]
+    assert hi - lo >= 0.5 and v["too_short"] and v["borderline"]
+    assert "too short to tell" in v["headline"] and "over 5 steps" in v["headline"]
+    assert "profile more steps" in v["headline"] and "either side" not in v["headline"]
+    long, _ = run_loop(DataLoader(EveryThird(40), batch_size=1), [("Forward", 10.0)])
+    v = long["verdict"]
+    assert not v["too_short"] and "too short" not in v["headline"]
+    assert v["kind"] == "input-bound"  # a third of the steps wait 8 ms of 18: about 15 %
 
 
 @pytest.mark.timing

@@ -35,11 +35,10 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
         computing = view.get("compute_fraction") or 0.0
         headline = f"compute-bound: {who} spent {computing:.0%} of step time computing"
         if doubt["borderline"]:
-            lo, hi = doubt["interval"]
             what = {"wait": "waited for data", "transfer": "copied batches"}[doubt["part"]]
             headline = (
-                f"compute-bound, borderline: {who} {what} {shares[doubt['part']]:.0%} of the "
-                f"time ({_range(lo, hi)}, either side of the {MODERATE_WAIT:.0%} threshold)"
+                f"compute-bound, {_unsure(doubt)}: {who} {what} {shares[doubt['part']]:.0%} of "
+                f"the time ({_doubt_words(doubt, view)})"
             )
         else:
             headline += "; data was ready"
@@ -69,10 +68,9 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
     stage = stages[0] if stages else None
     headline = f"{kind}: {who} {what} {frac:.0%} of the time"
     if doubt["borderline"]:
-        lo, hi = doubt["interval"]
         headline = (
-            f"{kind}, borderline: {who} {what} {frac:.0%} of the time ({_range(lo, hi)}, "
-            f"either side of the {doubt['threshold']:.0%} threshold)"
+            f"{kind}, {_unsure(doubt)}: {who} {what} {frac:.0%} of the time "
+            f"({_doubt_words(doubt, view)})"
         )
     if handover:
         per_step = (view.get("handover_s") or 0.0) * 1e3 / max(1, view.get("steps") or 1)
@@ -135,8 +133,10 @@ def _doubt(
 
 def _doubt_keys(doubt: dict[str, Any]) -> dict[str, Any]:
     wait = doubt["wait_interval"]
+    interval = doubt["interval"]
     return {
         "borderline": doubt["borderline"],
+        "too_short": bool(doubt["borderline"] and interval[1] - interval[0] >= TOO_WIDE),
         "threshold": doubt["threshold"],
         "wait_fraction_interval": None if wait is None else [round(wait[0], 4), round(wait[1], 4)],
     }
@@ -144,6 +144,25 @@ def _doubt_keys(doubt: dict[str, Any]) -> dict[str, Any]:
 
 def _range(lo: float, hi: float) -> str:
     return f"95% interval {lo * 100:.1f}–{hi * 100:.1f}%"
+
+
+# An interval this wide says nothing about the share: the run had too few steps, or steps too
+# uneven, to tell (a short Keras run printed "95 % interval 0.0–100.0 %" as a borderline).
+TOO_WIDE = 0.5
+
+
+def _unsure(doubt: dict[str, Any]) -> str:
+    lo, hi = doubt["interval"]
+    return "too short to tell" if hi - lo >= TOO_WIDE else "borderline"
+
+
+def _doubt_words(doubt: dict[str, Any], view: dict[str, Any]) -> str:
+    lo, hi = doubt["interval"]
+    if hi - lo >= TOO_WIDE:
+        steps = view.get("steps")
+        over = f" over {steps} steps" if steps else ""
+        return f"{_range(lo, hi)}{over}: profile more steps to tell"
+    return f"{_range(lo, hi)}, either side of the {doubt['threshold']:.0%} threshold"
 
 
 def stage_phrase(stages: list[str], facts: dict[str, Any]) -> str:
