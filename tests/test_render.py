@@ -463,3 +463,26 @@ def test_a_loader_without_a_batch_size_says_none_of_it():
         phrase = f"no workers (loading in the main process){said}"
         assert f"{phrase}, pin_memory=False" in text and f"{phrase} ·" in html
         assert "batch None" not in text and "batch None" not in html
+
+
+def test_html_evidence_reads_as_words_and_rounded_figures(loop):
+    """A finding's evidence in the HTML: keys in words, figures to about three digits, not raw
+    ``key=value`` pairs with six decimals; nested values flattened."""
+    data = loop.to_dict()
+    data["findings"] = [{"id": "handover", "severity": "warning", "stage": None,
+                         "message": "m", "fix": "f",
+                         "evidence": {"handover_ms_per_step": 12.345678,
+                                      "waits_for_workers_gil": True,
+                                      "interval": [0.1234567, 0.2], "cores": 2,
+                                      "sharing_strategy": "file_descriptor",
+                                      "anchor": None}}]  # fmt: skip
+    html = HTMLRenderer().render_dict(data)
+    block = html[html.index('data-finding="handover"'):]
+    block = block[: block.index("</div>")]
+    assert "<td>handover ms per step</td><td>12.3</td>" in block
+    assert "<td>waits for workers gil</td><td>yes</td>" in block
+    assert "<td>interval</td><td>0.123, 0.200</td>" in block
+    assert "<td>sharing strategy</td><td>file_descriptor</td>" in block
+    assert "<td>anchor</td><td>n/a</td>" in block
+    assert "<td>cores</td><td>2</td>" in block  # a count stays a whole number
+    assert "12.345678" not in block and "handover_ms_per_step=" not in block

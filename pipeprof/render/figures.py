@@ -57,6 +57,27 @@ def comm_line(data: dict[str, Any]) -> str | None:
 _CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]}
 
 
+def evidence_items(evidence: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A finding's evidence as people read it: the key in words (``ms_per_step`` →
+    ``ms per step``), numbers to about three significant digits (``num``), lists and mappings
+    flattened, booleans as yes/no, None as n/a."""
+
+    def text(v: Any) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        if isinstance(v, int):
+            return f"{v:,}"
+        if isinstance(v, float) or v is None:
+            return num(v)
+        if isinstance(v, dict):
+            return ", ".join(f"{k}: {text(x)}" for k, x in v.items())
+        if isinstance(v, (list, tuple)):
+            return ", ".join(text(x) for x in v)
+        return str(v)
+
+    return [(str(k).replace("_", " "), text(v)) for k, v in (evidence or {}).items()]
+
+
 def visible(value: Any) -> Any:
     """``value`` with control characters in every string (keys too) shown as ``\\x1b``: names
     from user code or a report file cannot drive the terminal (a title, the clipboard, hidden

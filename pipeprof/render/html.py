@@ -17,6 +17,7 @@ from pipeprof.render.figures import (
     batch_waits,
     comm_line,
     coverage,
+    evidence_items,
     gpu_devices,
     gpu_util_line,
     h5_epochs,
@@ -142,14 +143,17 @@ def gpu_lines(data: dict[str, Any]) -> str:
 def finding_blocks(data: dict[str, Any]) -> str:
     out = []
     for f in data.get("findings") or []:
-        evidence = ", ".join(
-            f"{escape(str(k))}={escape(str(v))}" for k, v in (f.get("evidence") or {}).items()
+        items = evidence_items(f.get("evidence"))
+        rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in items)
+        evidence = (
+            f'<details class="evidence"><summary>evidence</summary><table>{rows}</table></details>'
+            if items
+            else ""
         )
         out.append(
             f'<div class="finding {escape(str(f.get("severity")))}" '
             f'data-finding="{escape(str(f.get("id")))}"><b>{escape(str(f.get("message")))}'
-            f'</b><br><span class="fix">fix: {escape(str(f.get("fix")))}</span><br>'
-            f'<span class="evidence">{evidence}</span></div>'
+            f'</b><br><span class="fix">fix: {escape(str(f.get("fix")))}</span>{evidence}</div>'
         )
     return "".join(out) or "<p>nothing to report</p>"
 
