@@ -110,6 +110,29 @@ def test_py_function_stages_add_up_to_the_plain_pipelines_time():
     assert a3 > true_ms("a3") and b6 > true_ms("b6")  # the body's clock misses the call's cost
 
 
+@pytest.mark.timing
+def test_a_blocked_on_stage_smaller_than_another_is_reconciled_with_the_table():
+    """TensorFlow's rule names the stage the consumer was blocked on most; where another stage
+    takes more of the time (it runs in parallel, ahead of the consumer), the headline says why
+    the two differ. Decode 24 ms with 4 parallel calls, then a sequential 8 ms augment: augment
+    is named, decode has three times its time. The near miss: a sequential slow decode is both
+    named and largest, and gets no such words."""
+    TRUTH.clear()
+    ds = (tf.data.Dataset.range(1000).map(costly("decode", 24.0), num_parallel_calls=4)
+          .map(costly("augment", 8.0)).batch(2).prefetch(1))  # fmt: skip
+    data = pipeprof.profile(ds, batches=20).to_dict()
+    assert data["meta"]["limiting_stage"] == "transform/augment"
+    head = data["verdict"]["headline"]
+    assert "transform/augment limits it" in head
+    assert "blocked on it most (TensorFlow's rule); transform/decode takes more" in head
+    (dec_ms, _), (aug_ms, _), _ = CASES["sequential-slow"]
+    ds = (tf.data.Dataset.range(1000).map(costly("decode", dec_ms))
+          .map(costly("augment", aug_ms), num_parallel_calls=4).batch(4).prefetch(1))  # fmt: skip
+    data = pipeprof.profile(ds, batches=12).to_dict()
+    assert data["meta"]["limiting_stage"] == "transform/decode"
+    assert "TensorFlow's rule" not in data["verdict"]["headline"]
+
+
 def test_elements_are_unchanged_and_stage_vocabulary():
     ds = (
         tf.data.Dataset.range(40)
