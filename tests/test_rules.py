@@ -142,6 +142,10 @@ def test_input_bound_severity_follows_the_wait_share(load_ms, forward_ms, severi
     lo, hi = verdict["wait_fraction_interval"]  # steady sleeps: a narrow interval, no doubt
     assert lo <= verdict["fraction"] <= hi and hi - lo < 0.05
     assert not verdict["borderline"] and "borderline" not in verdict["headline"]
+    # a moderate wait is called so, with the most that removing it could give
+    gain = f"(at most ×{1 / (1 - verdict['fraction']):.2f} faster if it took no time)"
+    moderately = verdict["headline"].startswith(f"moderately input-bound {gain}: ")
+    assert moderately == (severity == "moderate"), verdict["headline"]
 
 
 @pytest.mark.timing

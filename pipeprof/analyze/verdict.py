@@ -67,6 +67,11 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
     )
     stage = stages[0] if stages else None
     headline = f"{kind}: {who} {what} {frac:.0%} of the time"
+    if frac < HIGH_WAIT:  # a part that could at most take that share off the step: say so
+        headline = (
+            f"moderately {kind} (at most ×{1 / (1 - frac):.2f} faster if it took no time): "
+            f"{who} {what} {frac:.0%} of the time"
+        )
     if doubt["borderline"]:
         headline = (
             f"{kind}, {_unsure(doubt)}: {who} {what} {frac:.0%} of the time "
