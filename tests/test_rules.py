@@ -1100,3 +1100,33 @@ def test_workers_are_saturated_from_their_busy_time_per_batch_over_the_steps():
     assert workers_saturated(report(1.5), view) is None  # 75 ms a batch over 2: slack
     assert workers_saturated(report(0.9, workers=1), view) == pytest.approx(0.9)
     assert workers_saturated({"meta": {"num_workers": 0}, "workers": []}, view) is None
+
+
+class ManyCheapTransforms(Dataset):
+    """32 transforms of a few microseconds each, no stage of the user's: the timed regions
+    are a large share of such stages."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.transform = transforms.Compose([transforms.Lambda(lambda x: x + 1)] * 32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.transform(torch.zeros(2)), i
+
+
+def test_pipeprofs_own_cost_on_its_own_stages_is_a_note_after_the_real_findings():
+    """Where pipeprof timed only its own stages (each transform), their inflation is nothing
+    the user can act on: an info note, after every finding about the pipeline, saying how
+    high the stage times read. With the user's own stages (the empty ticks test above), it
+    stays a warning with the fix to coarsen them."""
+    loader = DataLoader(ManyCheapTransforms(96), batch_size=4)
+    report = pipeprof.profile(loader, stage_every=1).to_dict()
+    f = findings(report)["profiler-overhead"]
+    assert f["severity"] == "info" and f["fix"].startswith("none needed: read the stage times")
+    assert "the loop's figures are not affected" in f["message"]
+    ids = [x["id"] for x in report["findings"]]
+    infos = [x["id"] for x in report["findings"] if x["severity"] == "info"]
+    assert infos[-1] == "profiler-overhead" and ids[-1] == "profiler-overhead"

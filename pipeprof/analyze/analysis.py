@@ -105,7 +105,8 @@ def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[
     found = [f for rule in RULES if (f := rule(report, facts)) is not None]
     if verdict["kind"] == "compute-bound":
         found = [_not_now(f) if f["id"] in PIPELINE_ONLY else f for f in found]
-    found.sort(key=lambda f: SEVERITY_ORDER.get(f["severity"], 3))
+    # within a severity, what is about pipeprof's own measurement comes after the pipeline's
+    found.sort(key=lambda f: (SEVERITY_ORDER.get(f["severity"], 3), f["id"] == "profiler-overhead"))
     return verdict, found, what_if(report, facts)
 
 
