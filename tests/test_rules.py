@@ -1130,3 +1130,23 @@ def test_pipeprofs_own_cost_on_its_own_stages_is_a_note_after_the_real_findings(
     ids = [x["id"] for x in report["findings"]]
     infos = [x["id"] for x in report["findings"] if x["severity"] == "info"]
     assert infos[-1] == "profiler-overhead" and ids[-1] == "profiler-overhead"
+
+
+@pytest.mark.timing
+def test_a_step_mostly_in_all_reduce_is_comm_bound_not_input_bound():
+    """A DDP-like step: 3 ms of compute, then 12 ms in a Comm region (the all-reduce exposed),
+    and loading that makes the loop wait about 10 % of the time. The step's largest part that
+    is not compute is comm: the verdict is comm-bound and the pipeline's findings are
+    informational. The near miss: the same wait beside a short Comm stays input-bound."""
+    loader = DataLoader(CostDataset(40, load_ms=2.0), batch_size=1)
+    report, true = run_loop(loader, [("Forward", 3.0), ("Comm", 12.0)])
+    v = report["verdict"]
+    assert true["Comm"] / true["wall"] > 0.5  # the truth: mostly all-reduce
+    assert v["kind"] == "comm-bound" and "gradient all-reduce" in v["headline"]
+    assert v["fraction"] == pytest.approx(true["Comm"] / true["wall"], abs=FRACTION_TOL)
+    for f in report["findings"]:
+        if f["id"] in ("workers-needed", "dominant-stage"):
+            assert f["severity"] == "info" and "comm-bound" in f["message"]
+    loader = DataLoader(CostDataset(40, load_ms=6.0), batch_size=1)
+    report, true = run_loop(loader, [("Forward", 3.0), ("Comm", 1.0)])
+    assert report["verdict"]["kind"] == "input-bound"

@@ -103,8 +103,8 @@ def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[
         verdict = loop_verdict(report, facts) if loop else loader_verdict(report, facts)
     report["verdict"] = verdict  # rules read it
     found = [f for rule in RULES if (f := rule(report, facts)) is not None]
-    if verdict["kind"] == "compute-bound":
-        found = [_not_now(f) if f["id"] in PIPELINE_ONLY else f for f in found]
+    if verdict["kind"] in ("compute-bound", "comm-bound"):  # the pipeline does not limit now
+        found = [_not_now(f, verdict["kind"]) if f["id"] in PIPELINE_ONLY else f for f in found]
     # within a severity, what is about pipeprof's own measurement comes after the pipeline's
     found.sort(key=lambda f: (SEVERITY_ORDER.get(f["severity"], 3), f["id"] == "profiler-overhead"))
     return verdict, found, what_if(report, facts)
@@ -137,12 +137,12 @@ def wait_section(session: Session) -> dict[str, Any]:
 PIPELINE_ONLY = {"dominant-stage", "no-workers", "workers-saturated", "worker-imbalance"}
 
 
-def _not_now(f: Finding) -> Finding:
-    """A pipeline finding on a compute-bound loop: informational, and it says why."""
+def _not_now(f: Finding, kind: str = "compute-bound") -> Finding:
+    """A pipeline finding on a compute- or comm-bound loop: informational, and it says why."""
     return {
         **f,
         "severity": "info",
-        "message": f["message"] + " (the loop is compute-bound: this does not slow training now)",
+        "message": f["message"] + f" (the loop is {kind}: this does not slow training now)",
     }
 
 
