@@ -11,6 +11,16 @@ import torchvision  # noqa: F401
 from pipeprof.core.recorder import recorder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_machine_cache(tmp_path_factory):
+    """The core-scaling probe's cache (collect/machine.py) in a folder of this test session's:
+    the suite neither reads nor writes the user's ~/.cache, and measures the machine once."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PIPEPROF_CACHE_DIR", str(tmp_path_factory.mktemp("pipeprof-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
 def nothing_leaks():
     """Every test leaves no sampler thread alive and the recorder disabled and empty."""

@@ -217,7 +217,8 @@ def test_predictions_match_real_runs_on_known_costs():
     assert float(p) <= float(alone) * 1.001
     assert float(p) == pytest.approx(busy.scaling[0]["samples_per_s"], rel=0.4)
     assert busy.predict(workers=1, speedup={"transform/Spin": 2}) > 1.6 * p
-    assert busy.predict(workers=1, cached=["transform/Spin"]) > 10 * p
+    # free: the main process's measured ms per batch caps it (1.8 ms a batch of 4 in a run here)
+    assert busy.predict(workers=1, cached=["transform/Spin"]) > 6 * p
     fed = busy.predict(workers=1, compute_rate=10 * float(p))
     assert fed.details["input_bound"] and float(fed) == pytest.approx(float(p))
 

@@ -117,8 +117,12 @@ def test_output_that_is_a_folder_gives_a_message(demo, tmp_path):
 
 # Ctrl-C (a real SIGINT to the process) in the demo's second training step.
 CTRL_C = """
-import os, signal, sys
+import signal, sys
 import pipeprof.demo as demo
+
+# a terminal's Ctrl-C: whatever the test process left, SIGINT is neither blocked nor ignored
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pipeprof.cli import main
 
 make = demo.tiny_model
@@ -127,8 +131,8 @@ def tiny_model():
     model, steps = make(), []
     def ctrl_c(module, args):
         steps.append(1)
-        if len(steps) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+        if len(steps) == 2:  # raised in this thread: handled before the forward goes on
+            signal.raise_signal(signal.SIGINT)
     model.register_forward_pre_hook(ctrl_c)
     return model
 
