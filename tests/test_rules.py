@@ -713,8 +713,11 @@ def test_the_limiting_stage_is_named_alone_only_with_a_margin(tmp_path, ms):
     a, b = sorted(("transform/Scale", "transform/AddNoise"), key=lambda k: true[k], reverse=True)
     gap = 1 - true[b] / true[a]
     v = report["verdict"]
-    assert gap < 0.05 or gap > 0.15, true  # spins keep time; a neighbour's burst: a rerun
-    if gap < 0.05:
+    if 0.05 <= gap <= 0.15:  # a neighbour's burst stretched one spin: either answer may hold,
+        # but whichever is given says so (seen in a clean-clone CI run: 7.4 % apart)
+        assert v["stage"] in (a, b) and set(v["stages"]) <= {a, b}
+        assert (len(v["stages"]) == 2) == (" or " in v["headline"] and "within" in v["headline"])
+    elif gap < 0.05:
         assert sorted(v["stages"]) == sorted([a, b]) and v["stage"] in (a, b)
         named = f"{v['stages'][0]} or {v['stages'][1]} (within "
         assert named in v["headline"]
