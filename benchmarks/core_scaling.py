@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import statistics
-import time
 from typing import Any
 
 import numpy as np
@@ -57,30 +55,14 @@ class PythonWork(Dataset):
         return np.array([acc[0]], dtype=np.float64)
 
 
-def _loop(seconds: float, conn: Any) -> None:
-    t_end, units = time.perf_counter() + seconds, 0
-    while time.perf_counter() < t_end:
-        acc: dict[int, int] = {}
-        for i in range(200):
-            acc[i & 15] = acc.get(i & 15, 0) + i * 3
-        units += 1
-    conn.send(units / seconds)
-
-
 def wall_scaling(k: int, seconds: float = 0.3) -> float:
-    ctx = mp.get_context("fork")
+    """The probe's loop: work per wall second of k processes at once, over one alone's."""
 
-    def run(n: int) -> float:
-        pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
-        procs = [ctx.Process(target=_loop, args=(seconds, w)) for _, w in pipes]
-        for p in procs:
-            p.start()
-        got = sum(r.recv() for r, _ in pipes)
-        for p in procs:
-            p.join()
-        return got
+    def rate(n: int) -> float:
+        got = machine.at_once(machine.python_unit, n, seconds)
+        return sum(units / wall for units, _, wall in got) if got else float("nan")
 
-    return run(k) / run(1)
+    return rate(k) / rate(1)
 
 
 def predicted_vs_real(ds: Dataset) -> dict[str, float]:
@@ -103,7 +85,7 @@ def main() -> None:
     cores = machine.usable_cores()
     rows = []
     for r in range(args.rounds):
-        probe = machine.work_scaling(lambda _: machine._python_unit(), cores)
+        probe = machine.work_scaling(machine.python_unit, cores)
         row: dict[str, Any] = {"probe": probe, "wall": wall_scaling(cores)}
         for name, ds in (("numpy", NumpyWork()), ("python", PythonWork())):
             row[name] = predicted_vs_real(ds)

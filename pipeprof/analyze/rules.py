@@ -281,13 +281,12 @@ def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     return finding("profiler-overhead", severity, None, message, evidence, fix)
 
 
-# the stages pipeprof times by itself; a user's pipeprof.stage opened in __getitem__ is
-# load/<their name>
-AUTOMATIC = {"load", "load/read", "load/decode", "collate", "transform", "transfer"}
-
-
 def _automatic(path: str) -> bool:
-    return path in AUTOMATIC or path.split("/")[0] in ("transform", "transfer")
+    """A stage pipeprof times by itself (a user's pipeprof.stage in __getitem__ is load/name)."""
+    return path in ("load", "load/read", "load/decode", "collate") or path.split("/")[0] in (
+        "transform",
+        "transfer",
+    )
 
 
 def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:

@@ -108,12 +108,7 @@ def scaled_cores(report: dict[str, Any], cores: int) -> tuple[float, float]:
     per = scaling.get("per_process")
     if not isinstance(per, (int, float)) or not 0 < per < 1 or cores < 2:
         return float(cores), 1.0
-    wall, meta = report.get("wall_s") or 0.0, report.get("meta") or {}
-    main_ns = meta.get("main_cpu_ns")
-    busy = (main_ns / 1e9 if isinstance(main_ns, int) else 0.0) + sum(
-        w.get("cpu_s") or 0.0 for w in report.get("workers") or []
-    )
-    m = min(float(cores), max(1.0, busy / wall)) if wall else 1.0
+    m = min(float(cores), max(1.0, busy_cores(report) or 1.0))
     speed = 1.0 - (1.0 - per) * (m - 1.0) / (cores - 1.0)
     return max(1.0, cores * per), speed
 
@@ -121,17 +116,24 @@ def scaled_cores(report: dict[str, Any], cores: int) -> tuple[float, float]:
 FULL_CORES = 0.85  # CPU time over wall time, of all cores: what a busy 2-core VM reaches
 
 
+def busy_cores(report: dict[str, Any]) -> float | None:
+    """Cores the profiled job kept busy on average: the training process's CPU time and its
+    workers', over the profile's wall time (None: no wall time)."""
+    wall, meta = report.get("wall_s") or 0.0, report.get("meta") or {}
+    if not wall:
+        return None
+    main_ns = meta.get("main_cpu_ns")
+    main = main_ns / 1e9 if isinstance(main_ns, int) else 0.0
+    workers = sum(w.get("cpu_s") or 0.0 for w in report.get("workers") or [])
+    return (main + workers) / wall
+
+
 def cores_full(report: dict[str, Any], cores: int) -> bool:
     """The profiled job filled the cores: the training process's CPU time and its workers' are
     at least ``FULL_CORES`` of them over the profile. Other programs' load is not counted: under
     it, waiting workers still wait, and more workers get more of a fairly shared CPU."""
-    wall, meta = report.get("wall_s") or 0.0, report.get("meta") or {}
-    if not wall or not cores:
-        return False
-    main_ns = meta.get("main_cpu_ns")
-    main = main_ns / 1e9 if isinstance(main_ns, int) else 0.0
-    workers = sum(w.get("cpu_s") or 0.0 for w in report.get("workers") or [])
-    return (main + workers) / wall >= FULL_CORES * cores
+    busy = busy_cores(report)
+    return bool(busy is not None and cores and busy >= FULL_CORES * cores)
 
 
 def training_cores(report: dict[str, Any], cores: int) -> int:

@@ -11,7 +11,6 @@ batches in between, and so, in steady state, did every other worker.
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -20,30 +19,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeprof.bench.isolation import seed_all
+from pipeprof.collect.machine import at_once
 
 
-def _spin(seconds: float, conn: Any) -> None:
-    t0, c0 = time.perf_counter(), time.process_time()
-    while time.perf_counter() - t0 < seconds:
-        pass
-    conn.send((time.process_time() - c0) / (time.perf_counter() - t0))
-    conn.close()
+def _busy(_: int) -> None:
+    """A call that only keeps its process busy."""
 
 
 def _spinners(count: int, seconds: float) -> float:
     """Cores ``count`` busy processes got together; NaN if they could not run."""
-    try:
-        ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        pipes = [ctx.Pipe(duplex=False) for _ in range(count)]
-        procs = [ctx.Process(target=_spin, args=(seconds, w), daemon=True) for _, w in pipes]
-        for p in procs:
-            p.start()
-        got = float(sum(r.recv() for r, _ in pipes))
-        for p in procs:
-            p.join()
-    except Exception:  # a probe must never break a benchmark
-        return math.nan
-    return got
+    got = at_once(_busy, count, seconds)
+    return math.nan if got is None else float(sum(cpu / wall for _, cpu, wall in got))
 
 
 def cpu_share(cores: int, seconds: float = 0.2) -> tuple[float, float]:

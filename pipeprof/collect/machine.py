@@ -59,7 +59,7 @@ def usable_cores() -> int:
     return cores
 
 
-def _python_unit() -> None:
+def python_unit(_: int = 0) -> None:
     """One unit of the probe's work: Python bytecode, dict and integer operations."""
     acc: dict[int, int] = {}
     for i in range(200):
@@ -67,26 +67,27 @@ def _python_unit() -> None:
 
 
 def _work(fn: Callable[[int], Any], seconds: float, conn: Any) -> None:
-    """``fn(0)``, ``fn(1)``... for ``seconds``: (calls made, CPU seconds they took)."""
-    t_end = time.perf_counter() + seconds
+    """``fn(0)``, ``fn(1)``... for ``seconds``: (calls made, CPU seconds, wall seconds)."""
+    t0 = time.perf_counter()
     c0, units = time.process_time(), 0
     try:
-        while time.perf_counter() < t_end or units == 0:
+        while time.perf_counter() - t0 < seconds or units == 0:
             fn(units)
             units += 1
-        conn.send((units, time.process_time() - c0))
+        conn.send((units, time.process_time() - c0, time.perf_counter() - t0))
     except BaseException:  # a failing step: the probe has no figure, the parent goes on
-        conn.send((0, 0.0))
+        conn.send((0, 0.0, 0.0))
     conn.close()
 
 
-def _speed(fn: Callable[[int], Any], count: int, seconds: float) -> float:
-    """Calls of ``fn`` per CPU second of one process, the mean over ``count`` processes run at
-    once (forked: ``fn`` need not pickle); NaN where they could not run."""
-    if "fork" not in mp.get_all_start_methods():
-        return math.nan
+def at_once(
+    fn: Callable[[int], Any], count: int, seconds: float
+) -> list[tuple[int, float, float]] | None:
+    """``count`` processes calling ``fn`` at once for ``seconds`` each: per process (calls, CPU
+    seconds, wall seconds); None where they could not run. Forked where the platform can (``fn``
+    need not pickle), else spawned (``fn`` must be a module-level function)."""
     try:
-        ctx: Any = mp.get_context("fork")
+        ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         pipes = [ctx.Pipe(duplex=False) for _ in range(count)]
         procs = [ctx.Process(target=_work, args=(fn, seconds, w), daemon=True) for _, w in pipes]
         for p in procs:
@@ -95,9 +96,16 @@ def _speed(fn: Callable[[int], Any], count: int, seconds: float) -> float:
         for p in procs:
             p.join()
     except Exception:  # a probe must never break a profile
+        return None
+    return got if all(units > 0 for units, _, _ in got) else None
+
+
+def _speed(fn: Callable[[int], Any], count: int, seconds: float) -> float:
+    """Calls of ``fn`` per CPU second of one process, the mean over ``count`` run at once."""
+    got = at_once(fn, count, seconds)
+    if not got or any(cpu <= 0 for _, cpu, _ in got):
         return math.nan
-    rates = [units / cpu for units, cpu in got if cpu > 0 and units > 0]
-    return sum(rates) / len(rates) if len(rates) == count else math.nan
+    return sum(units / cpu for units, cpu, _ in got) / count
 
 
 def work_scaling(
@@ -121,7 +129,7 @@ def probe(cores: int, seconds: float = PROBE_S, rounds: int = ROUNDS) -> dict[st
     """Measure the scaling now (NOTE [ Cores are not all equal ]); None if it could not run."""
     # the better of two sets: a neighbour's burst can pull one set's median down (0.84 seen on
     # this VM under load), while cores that share a core read low in both
-    sets = [work_scaling(lambda _: _python_unit(), cores, seconds, rounds) for _ in range(2)]
+    sets = [work_scaling(python_unit, cores, seconds, rounds) for _ in range(2)]
     if None in sets:
         return None
     per = max(x for x in sets if x is not None)
