@@ -1133,6 +1133,15 @@ def test_pipeprofs_own_cost_on_its_own_stages_is_a_note_after_the_real_findings(
     ids = [x["id"] for x in report["findings"]]
     infos = [x["id"] for x in report["findings"] if x["severity"] == "info"]
     assert infos[-1] == "profiler-overhead" and ids[-1] == "profiler-overhead"
+    # a compute-bound loop over it: the pipeline's own findings are informational too, and
+    # pipeprof's note still comes after them
+    prof = pipeprof.Profiler(sample_hz=0, stage_every=1)
+    with prof:
+        for _ in prof.wrap(DataLoader(ManyCheapTransforms(48), batch_size=4)):
+            time.sleep(0.03)
+    found = prof.report().to_dict()["findings"]
+    infos = [x["id"] for x in found if x["severity"] == "info"]
+    assert len(infos) >= 2 and infos[-1] == "profiler-overhead", infos
 
 
 @pytest.mark.timing

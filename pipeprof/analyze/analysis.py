@@ -105,8 +105,7 @@ def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[
     found = [f for rule in RULES if (f := rule(report, facts)) is not None]
     if verdict["kind"] in ("compute-bound", "comm-bound"):  # the pipeline does not limit now
         found = [_not_now(f, verdict["kind"]) if f["id"] in PIPELINE_ONLY else f for f in found]
-    # within a severity, what is about pipeprof's own measurement comes after the pipeline's
-    found.sort(key=lambda f: (SEVERITY_ORDER.get(f["severity"], 3), f["id"] == "profiler-overhead"))
+    found.sort(key=lambda f: SEVERITY_ORDER.get(f["severity"], 3))  # stable: RULES' order
     return verdict, found, what_if(report, facts)
 
 

@@ -785,7 +785,7 @@ RULES: list[Rule] = [
     rule_imbalance,
     rule_slow_startup,
     rule_pin_memory,
-    rule_overhead,
     *TF_RULES,  # tf.data's terms (tf_rules.py); None for torch reports
     *H5_RULES,  # h5py reads (hdf5.py); None without them
+    rule_overhead,  # last: within a severity, pipeprof's own measurement after the pipeline's
 ]
