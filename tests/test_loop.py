@@ -100,7 +100,8 @@ def test_nested_regions_count_once_for_their_class():
                 spin(1.5)
     loop = prof.report()["loop"]
     truth = loop["regions"]["Logging"]["total_s"]
-    assert loop["overhead_s"] == pytest.approx(truth, rel=0.05)  # once, not Logging + Other
+    # once, not Logging + Other (2x); what lies between the regions adds a little under load
+    assert truth * 0.95 <= loop["overhead_s"] < truth * 1.5
     assert loop["compute_s"] == pytest.approx(loop["regions"]["train_step"]["total_s"], rel=0.05)
     assert prof.report()["verdict"]["kind"] == "overhead-bound"  # 1.5 of 7.5 ms: 20 %
     assert 0.15 < loop["overhead_fraction"] < 0.25
