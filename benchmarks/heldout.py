@@ -29,14 +29,31 @@ SCRIPTS = {  # script: takes --workers
     "near_threshold_w0": True,
     "framework_loop": True,
     "keras_images": False,
+    "hf_text": True,
+    "lightning_images": True,
+    "ddp_files": True,
 }
+TORCHRUN = {"ddp_files"}  # run under torchrun, 2 ranks: rank 0's report, the job's headline
 
 
 def profile(script: str, out: Path, *args: str) -> dict:
+    """``pipeprof run`` on one script: its report, with the script's own meters (its METERS
+    line) under ``"meters"`` where it prints them."""
     path = str(HERE / f"{script}.py")
-    cmd = [sys.executable, "-m", "pipeprof", "run", "-q", "-o", str(out), path, *args]
-    subprocess.run(cmd, check=True, capture_output=True)
-    return json.loads(out.read_text())
+    launch = [sys.executable]
+    if script in TORCHRUN:
+        launch += ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29761"]
+    run = [*launch, "-m", "pipeprof", "run", "-q", "-o", str(out), path, *args]
+    done = subprocess.run(run, check=True, capture_output=True, text=True)
+    if script in TORCHRUN:
+        report = json.loads(out.with_suffix(".rank0.json").read_text())
+        report["job_headline"] = json.loads(out.with_suffix(".job.json").read_text())["headline"]
+    else:
+        report = json.loads(out.read_text())
+    for line in done.stdout.splitlines():
+        if line.startswith("METERS "):
+            report["meters"] = json.loads(line[len("METERS "):])
+    return report
 
 
 def rate(report: dict) -> float:
@@ -65,7 +82,15 @@ def main() -> None:
                 "verdicts": [[*k, n] for k, n in verdicts.most_common()],
                 "fixes": [[*k, n] for k, n in fixes.most_common()],
                 "samples_per_s": statistics.median(rate(r) for r in reports),
+                "wait_fraction": statistics.median(
+                    r["loop"]["wait_fraction"] or 0.0 for r in reports),
             }
+            meters = [r["meters"] for r in reports if "meters" in r]
+            if meters:  # the script's own meters, to hold the verdict against (medians)
+                row["meters"] = {k: statistics.median(m[k] for m in meters if k in m)
+                                 for k in meters[0]}  # fmt: skip
+            if script in TORCHRUN:
+                row["job_headlines"] = sorted({r["job_headline"] for r in reports})
             needed = [f for r in reports for f in r["findings"] if f["id"] == "workers-needed"
                       and "num_workers=" in (f["fix"] or "")]  # fmt: skip
             if needed and has_workers:

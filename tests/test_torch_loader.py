@@ -668,3 +668,32 @@ def test_decorated_stages_time_every_call_in_workers_and_keep_the_results(ctx):
     assert 0.9 <= stages["load/decode"]["mean_ms"] < 5  # a 1 ms spin
     with pytest.raises(TypeError, match="decorates a callable"):
         pipeprof.stage("x")(42)
+
+
+class TokenLists(torch.utils.data.Dataset):
+    """Samples as a tokenizer gives them: Python lists of ids and an int label."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return {"input_ids": list(range(i, i + 6)), "labels": i % 2}
+
+
+def pad_ids(samples):
+    return {"input_ids": torch.tensor([s["input_ids"] for s in samples]),
+            "labels": torch.tensor([s["labels"] for s in samples])}  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_report_says_what_samples_hold_and_whose_collate_ran(workers):
+    """The collate finding's fix rests on these: a list-of-ids sample is not a tensor sample,
+    and the user's collate_fn is named."""
+    lists = pipeprof.profile(DataLoader(TokenLists(), batch_size=4, num_workers=workers))
+    assert lists["meta"]["sample_kinds"] == ["list", "number"]
+    assert lists["meta"]["collate_fn"] == "default_collate"
+    mine = pipeprof.profile(
+        DataLoader(TokenLists(), batch_size=4, num_workers=workers, collate_fn=pad_ids))
+    assert mine["meta"]["collate_fn"] == "pad_ids"
+    arrays = pipeprof.profile(DataLoader(CostDataset(16), batch_size=4, num_workers=workers))
+    assert arrays["meta"]["sample_kinds"] == ["number", "tensor"]

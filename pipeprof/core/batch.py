@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -49,3 +50,26 @@ def batch_nbytes(batch: Any, depth: int = 0) -> int:
     if isinstance(batch, (list, tuple)):
         return sum(batch_nbytes(v, depth + 1) for v in batch[:64])
     return 0
+
+
+def sample_kinds(sample: Any, depth: int = 0) -> list[str]:
+    """What one sample handed to ``collate_fn`` holds, for the collate finding's fix: the kinds
+    of its fields, sorted: ``tensor`` (torch, tf), ``ndarray``, ``list`` (a Python sequence of
+    numbers, as tokenizers return), ``number``, ``str``, ``other``. Looks through dicts, tuples
+    and lists of fields, 3 levels deep."""
+    kinds: set[str] = set()
+    if isinstance(sample, (Mapping, list, tuple)) and depth < 3 and sample:
+        items = list(sample.values() if isinstance(sample, Mapping) else sample)[:64]
+        if all(isinstance(x, (int, float, bool)) for x in items) and depth > 0:
+            return ["list"]  # a field that is a sequence of numbers
+        for item in items:
+            kinds.update(sample_kinds(item, depth + 1))
+        return sorted(kinds)
+    module = type(sample).__module__.split(".")[0]
+    if hasattr(sample, "shape") and module in ("torch", "tensorflow"):
+        return ["tensor"]
+    if module == "numpy" and hasattr(sample, "shape"):
+        return ["ndarray" if sample.shape else "number"]
+    if isinstance(sample, (int, float, bool)):
+        return ["number"]
+    return ["str"] if isinstance(sample, (str, bytes)) else ["other"]

@@ -43,10 +43,11 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import hdf5
 from pipeprof.collect.torch.dataset import instrument_dataset
-from pipeprof.core.batch import batch_nbytes, batch_size, samples_to_collate
+from pipeprof.core.batch import batch_nbytes, batch_size, sample_kinds, samples_to_collate
 from pipeprof.core.recorder import (
     PROBE_CAP_NS,
     STAGE_EVERY,
@@ -322,6 +323,7 @@ class Collate:
     def __init__(self, fn: Callable[[Any], Any], per_sample: bool) -> None:
         self.fn = fn
         self.per_sample = per_sample
+        self.described = False  # what a sample holds was said (each worker has its own copy)
 
     def __call__(self, samples: Any) -> Any:
         rec = recorder()
@@ -355,6 +357,10 @@ class Collate:
             payload["ab"], _ARM[0] = _ARM[0], None
         payload["probe_ns"] = probe_ns
         payload["probe_warm_ns"] = warm_ns
+        if not self.described and not self.per_sample:  # once a process: the collate finding
+            self.described = True
+            first = samples[0] if isinstance(samples, (list, tuple)) and samples else samples
+            payload["sample_kinds"] = sample_kinds(first)
         payload["cost_ns"] = time.thread_time_ns() - cpu0  # packing the records: pipeprof's own
         return Carrier(batch, payload)
 
@@ -850,6 +856,8 @@ class ProfiledLoader:
         w.batches += 1
         w.samples += payload["samples"]
         s.add_costs((("pack_ns", payload["cost_ns"]), ("worker_events", events)))
+        if "sample_kinds" in payload:
+            s.meta["sample_kinds"] = payload["sample_kinds"]
         probe_ns = payload.get("probe_ns")
         if probe_ns is not None and probe_ns < PROBE_CAP_NS:
             s.probe.add(probe_ns)
@@ -1015,6 +1023,8 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "pin_memory": bool(loader.pin_memory),
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": bool(loader.persistent_workers),
+        # the collate finding's fix: torch's own collate, or the user's (its name)
+        "collate_fn": _collate_name(loader.collate_fn),
         "multiprocessing_context": ctx.get_start_method()
         if ctx is not None
         else (
@@ -1029,3 +1039,11 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "in_worker": get_worker_info() is not None,
     }
+
+
+def _collate_name(fn: Any) -> str:
+    """``default_collate`` for torch's own (``default_convert`` without batching), else the
+    user's collate function by name (a callable object by its class)."""
+    if fn is default_collate or fn is default_convert:
+        return fn.__name__
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
