@@ -358,9 +358,10 @@ def followed(case: Case, workers: int, start: str, report: dict[str, Any], befor
     return out
 
 
-def run_case(case: Case, workers: int, start: str, busy: bool, follow: bool = True
-             ) -> dict[str, Any]:  # fmt: skip
-    """One crossing: the plain loop, the profiled one, the verdict judged, the fixes followed."""
+def run_case(case: Case, workers: int, start: str, busy: bool, follow: bool = True,
+             keep: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """One crossing: the plain loop, the profiled one, the verdict judged, the fixes followed;
+    ``keep``: a folder the profiled run's report is saved in."""
     with saturated(busy):
         samples, secs, first_s = train(loader_for(case, workers, start), case)
         steps_s = secs - first_s
@@ -368,6 +369,9 @@ def run_case(case: Case, workers: int, start: str, busy: bool, follow: bool = Tr
         with prof:
             train(loader_for(case, workers, start), case, prof)
         report = prof.report().to_dict()
+        if keep:
+            cores = "saturated" if busy else "free"
+            prof.report().save(os.path.join(keep, f"{case.cause}-w{workers}-{start}-{cores}.json"))
         row = {"cause": case.cause, "workers": workers, "start": start if workers else "-",
                "cores": "saturated" if busy else "free", **judge(case, report, workers),
                "top": [f["id"] for f in report["findings"][:2]]}  # fmt: skip
@@ -439,6 +443,7 @@ def main() -> None:
     p.add_argument("--cores", default="free,saturated")
     p.add_argument("--no-follow", action="store_true", help="judge verdicts only")
     p.add_argument("--json", default=None)
+    p.add_argument("--reports", default=None, help="a folder: each profiled run's report")
     args = p.parse_args()
     only = args.only.split(",") if args.only else list(CASES)
     workers = [int(w) for w in args.workers.split(",")] if args.workers else None
@@ -446,7 +451,7 @@ def main() -> None:
     for cause in only:
         case = CASES[cause]
         for w, s, busy in crossings(case, workers, args.start.split(","), args.cores.split(",")):
-            row = run_case(case, w, s, busy, follow=not args.no_follow)
+            row = run_case(case, w, s, busy, follow=not args.no_follow, keep=args.reports)
             rows.append(row)
             fx = " ".join(f"{f['id']}:{f['delivered']:.2f}" for f in row["fixes"])
             print(f"{'ok ' if row['right'] else 'BAD'} {cause:14} w={w} {row['start']:5} "

@@ -6,8 +6,11 @@ import argparse
 import errno
 import json
 import math
+import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +21,7 @@ from rich.console import Console
 
 from pipeprof.bench.bench import Bench, bench
 from pipeprof.core.recorder import STAGE_EVERY
-from pipeprof.core.session import check_writable
+from pipeprof.core.session import check_writable, write_atomic
 from pipeprof.render import FORMATS, format_for
 from pipeprof.report import Report
 from pipeprof.version import __version__
@@ -141,11 +144,11 @@ def _log_target(text: str) -> tuple[str, dict[str, str]]:
 def _split_run(argv: list[str]) -> tuple[list[str], str | None, bool, list[str]]:
     """``pipeprof run``'s own options, the script or module, and the script's arguments (all
     after the script is the script's, as with ``python``)."""
-    i = 0
+    i, dashes = 0, 0
     while i < len(argv):
         a = argv[i]
-        if a == "--":
-            i += 1
+        if a == "--":  # what follows is the script, even where it starts with "-"
+            i, dashes = i + 1, 1
             break
         if a == "-m":
             if i + 1 >= len(argv):
@@ -156,9 +159,9 @@ def _split_run(argv: list[str]) -> tuple[list[str], str | None, bool, list[str]]
             break
         i += 2 if a in _RUN_VALUED else 1
     if i >= len(argv):
-        return argv, None, False, []
+        return argv[: i - dashes], None, False, []
     rest = argv[i + 1 :]
-    return argv[:i], argv[i], False, rest[1:] if rest[:1] == ["--"] else rest
+    return argv[: i - dashes], argv[i], False, rest[1:] if rest[:1] == ["--"] else rest
 
 
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -324,7 +327,7 @@ def _write(text: str, output: str | None) -> int:
     """``text`` to the file ``output``, or to standard output."""
     if output:
         with _naming(output):
-            Path(output).write_text(text, encoding="utf-8")
+            write_atomic(output, text)
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
@@ -456,10 +459,13 @@ def cmd_run(argv: list[str]) -> int:
     opts.rank = from_env()  # torchrun, srun, mpirun: a file per rank (NOTE [ Ranks ])
     opts.job_out = _job_path(opts.out) if opts.rank.distributed else None
     opts.job_html = _job_path(opts.html) if opts.rank.distributed and opts.html else None
-    for name in ("out", "html", "trace"):
+    opts.cwd = os.getcwd()  # where the user is, whatever folder the script moves to
+    opts.pid = os.getpid()  # the process that writes the reports (not a child it forks)
+    for name in ("out", "html", "trace", "job_out", "job_html"):
         path = getattr(opts, name)
-        if path:
-            setattr(opts, name, str(rank_path(path, opts.rank)))
+        if path:  # absolute: a script that changes folder writes them where they were asked
+            path = rank_path(path, opts.rank) if name in ("out", "html", "trace") else path
+            setattr(opts, name, os.path.abspath(path))
     for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
         if path:
             _check_writable(path)
@@ -471,6 +477,10 @@ def cmd_run(argv: list[str]) -> int:
     run.on_job = lambda: _job_outputs(run, opts)
     ended = runner.execute(run, target, module, script_args)
     clean = ended is None or (isinstance(ended, SystemExit) and ended.code in (None, 0))
+    # torch's SIGCHLD handler raises in whatever runs when a worker of a loader still alive
+    # (held by the ending's traceback) dies: with SIGTERM sent to the whole process group
+    # (scancel, kill -TERM -PGID), while the report was being written. The script is over
+    chld = _children_quiet()
     try:
         if clean:
             run.end_of_job(None)  # NOTE [ Job gather ] in runner.py: a job still up gathers
@@ -482,7 +492,25 @@ def cmd_run(argv: list[str]) -> int:
             _run_outputs(run, opts, interrupted, gather=False)
     except Exception as exc:  # the script's own ending comes first
         _error(f"the report could not be written ({type(exc).__name__}: {exc})")
+    finally:
+        if chld is not None:
+            signal.signal(signal.SIGCHLD, chld)
     return runner.end_like(ended)
+
+
+def _children_quiet() -> Any:
+    """SIGCHLD's handler, set to the default (ignored) for the report's writing; None where
+    there is none to set (not the main thread, no SIGCHLD)."""
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def _shown(path: str, cwd: str) -> str:
+    """An output's path as the user would type it where they ran pipeprof: relative to that
+    folder when the file lies under it, else absolute."""
+    rel = os.path.relpath(path, cwd)
+    return path if rel.startswith("..") else rel
 
 
 def _job_path(path: str) -> str:
@@ -496,6 +524,8 @@ def _job_path(path: str) -> str:
 def _job_outputs(run: Any, opts: argparse.Namespace) -> None:
     """This rank's files, then the job report gathered to rank 0 over the job's process group
     (NOTE [ Job gather ] in runner.py), written by rank 0 next to its own."""
+    if os.getpid() != opts.pid:  # a forked child's copy of the run: not this rank's
+        return
     if not run.written:
         _run_outputs(run, opts, interrupted=False, gather=True)
     rank = opts.rank
@@ -520,10 +550,10 @@ def _job_outputs(run: Any, opts: argparse.Namespace) -> None:
     data["gather_s"] = round(gather_s, 6)
     job = Job(data)
     with _naming(opts.job_out):
-        Path(opts.job_out).write_text(job.render("json"), encoding="utf-8")
+        write_atomic(opts.job_out, job.render("json"))
     if opts.job_html:
         with _naming(opts.job_html):
-            Path(opts.job_html).write_text(job.render("html"), encoding="utf-8")
+            write_atomic(opts.job_html, job.render("html"))
     if opts.quiet:
         return
     Console(stderr=True).print(job)
@@ -537,17 +567,24 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: 
     job report is gathered next (else a distributed rank 0 says how to merge the files)."""
     from pipeprof import runner
 
+    if os.getpid() != opts.pid:  # a process the script forked ends its copy of the run: the
+        return  # report is the parent's to write (the child's would be the parent's, stale)
     run.written = True
     reports = run.reports(interrupted)
     err = Console(stderr=True, soft_wrap=True)
     if not reports:
-        err.print(
-            "pipeprof: the script iterated no torch DataLoader or tf.data dataset and ran no "
-            "Keras fit(), so there is nothing to report (what pipeprof run sees: docs/run.md)",
-            markup=False, highlight=False,
-        )  # fmt: skip
+        started = [e.label for e in run.loaders.values()]
+        said = (
+            f"the script started {', '.join(started[:3])} but no batch came before it ended"
+            if started
+            else "the script iterated no torch DataLoader or tf.data dataset and ran no Keras "
+            "fit()"
+        )
+        err.print(f"pipeprof: {said}, so there is nothing to report (what pipeprof run sees: "
+                  "docs/run.md)", markup=False, highlight=False)  # fmt: skip
         for note in run.notes:
-            err.print(f"note: {note}", markup=False, highlight=False)
+            if not note.endswith("the report covers what ran until then"):  # there is none
+                err.print(f"note: {note}", markup=False, highlight=False)
         return
     paths: dict[str, str] = {}
     out = Path(opts.out)
@@ -567,7 +604,7 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: 
             main.write_html(opts.html)
     if opts.trace:
         with _naming(opts.trace):
-            Path(opts.trace).write_text(main.render("chrome"), encoding="utf-8")
+            write_atomic(opts.trace, main.render("chrome"))
     rank = opts.rank
     logged = _log_report(main, opts.log_to) if rank.rank == 0 else []
     if opts.quiet or (rank.rank != 0 and not opts.all_ranks):
@@ -576,7 +613,8 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: 
         err.print(f"pipeprof: rank {rank.rank} of {rank.world_size} ({rank.host})",
                   markup=False, highlight=False)  # fmt: skip
     Console(stderr=True).print(main)
-    for line in runner.summary_lines(reports, paths):
+    shown = {label: _shown(path, opts.cwd) for label, path in paths.items()}
+    for line in runner.summary_lines(reports, shown):
         err.print(line, markup=False, highlight=False)
     for path in (opts.html, opts.trace):
         if path:

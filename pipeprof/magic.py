@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
+from pipeprof.core.session import write_atomic
 from pipeprof.profiler import Profiler, profile
 from pipeprof.render import format_for
 from pipeprof.report import Report
@@ -65,9 +66,7 @@ def write(report: Report, path: str) -> Path:
     fmt = format_for(path)
     if fmt in (None, "json"):
         return report.save(path)
-    target = Path(path)
-    target.write_text(report.render(fmt), encoding="utf-8")
-    return target
+    return write_atomic(path, report.render(fmt))
 
 
 @magics_class

@@ -38,9 +38,12 @@ pass under way goes on through its profiled twin, so no batch is repeated or los
 
 from __future__ import annotations
 
+import builtins
 import functools
 import importlib.abc
 import importlib.machinery
+import io
+import itertools
 import linecache
 import os
 import re
@@ -50,6 +53,7 @@ import sys
 import sysconfig
 import threading
 import weakref
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -900,10 +904,13 @@ def check_target(target: str, module: bool) -> None:
     if module:
         import importlib.util
 
-        try:
+        sys.path.insert(0, os.getcwd())  # where ``python -m`` looks first (not the console
+        try:  # script's own folder, which the interpreter put first)
             found = importlib.util.find_spec(target)
         except (ImportError, ValueError) as exc:
             raise ValueError(f"-m {target}: cannot find that module ({exc})") from None
+        finally:
+            sys.path.remove(os.getcwd())
         if found is None:
             raise ValueError(
                 f"-m {target}: no such module on sys.path (run from the folder that holds the "
@@ -934,10 +941,17 @@ def execute(run: Run, target: str, module: bool, args: list[str]) -> BaseExcepti
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
+        elif os.path.isfile(target) and not zipfile.is_zipfile(target):
+            _run_file(target)
+        else:  # a folder or a zip file with a __main__.py
             runpy.run_path(os.path.abspath(target), run_name="__main__")
     except BaseException as exc:  # every ending is handed back, unchanged
-        ended = exc.with_traceback(_script_frames(exc.__traceback__))
+        ended, seen = exc, set()
+        link: BaseException | None = exc
+        while link is not None and id(link) not in seen:  # its causes' tracebacks too
+            seen.add(id(link))
+            link.with_traceback(_script_frames(link.__traceback__))
+            link = link.__cause__ or link.__context__
     finally:
         run.uninstall()
         if previous is not None:
@@ -948,6 +962,25 @@ def execute(run: Run, target: str, module: bool, args: list[str]) -> BaseExcepti
     return ended
 
 
+def _run_file(target: str) -> None:
+    """Run a script file as ``python train.py`` does: ``__main__`` with an absolute ``__file__``
+    and ``sys.argv[0]`` as typed (``runpy.run_path`` sets it to the path it is given)."""
+    path = os.path.abspath(target)
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec")
+    module = ModuleType("__main__")
+    module.__dict__.update({"__file__": path, "__cached__": None, "__loader__": None,
+                            "__package__": None, "__spec__": None,
+                            "__builtins__": builtins})  # fmt: skip
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def _on_sigterm() -> Any:
     """SIGTERM unwinds the script (outputs written on the way out); the previous handler."""
     if threading.current_thread() is not threading.main_thread():
@@ -955,23 +988,36 @@ def _on_sigterm() -> Any:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None  # someone handles it already: left as it is
 
+    owner = os.getpid()
+
     def raise_terminated(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        if os.getpid() != owner:  # a process the script forked (a Pool's, a DataLoader's
+            os.kill(os.getpid(), signal.SIGTERM)  # worker): ends as it would without us,
+            signal.pause()  # pragma: no cover  (no flush: its buffers are the parent's too)
         raise Terminated()
 
     return signal.signal(signal.SIGTERM, raise_terminated)
 
 
 def _script_frames(tb: TracebackType | None) -> TracebackType | None:
-    """The traceback from the script's first frame on: pipeprof's and runpy's are not the
-    script's (a failure before the script ran keeps them all)."""
+    """The traceback without pipeprof's frames and runpy's: from the script's first frame on,
+    and without the frames of pipeprof's wrappers the script's call went through (a loader's
+    ``__next__``), as without pipeprof. A failure before the script ran keeps them all."""
+    kept: list[TracebackType] = []
     t = tb
     while t is not None:
         file = t.tb_frame.f_code.co_filename
-        if not (file.startswith(_PIPEPROF_DIR) or file == runpy.__file__ or "<frozen" in file):
-            return t
+        ours = file.startswith(_PIPEPROF_DIR) or file == runpy.__file__ or "<frozen" in file
+        if not ours or (kept and not file.startswith(_PIPEPROF_DIR)):
+            kept.append(t)
         t = t.tb_next
-    return tb
+    if not kept:
+        return tb
+    for a, b in itertools.pairwise(kept):
+        a.tb_next = b
+    kept[-1].tb_next = None
+    return kept[0]
 
 
 def end_like(ended: BaseException | None) -> int:

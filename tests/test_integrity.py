@@ -265,6 +265,30 @@ def test_control_characters_in_names_never_reach_the_terminal(tmp_path):
     assert json.loads(report.render("json"))["stages"]  # JSON escapes them itself
 
 
+def test_line_feeds_direction_marks_and_huge_notes_are_drawn_safely(tmp_path):
+    """A line feed in a name cannot forge a line of the table, a right-to-left override cannot
+    reverse what follows, and a 20 MB note is drawn cut, at once."""
+    transform = type("Flip\u202eesrever", (), {"__call__": lambda self, x: x})()
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(loader(4, transform)):
+            with prof.region("Log\nforged row | 99 %"):
+                pass
+    from pipeprof.render.html import HTMLRenderer
+    from pipeprof.render.text import TextRenderer
+
+    data = prof.report().to_dict()
+    data["notes"] = ["n" * 20_000_000]
+    t0 = time.perf_counter()
+    text, page = TextRenderer().render_dict(data), HTMLRenderer().render_dict(data)
+    assert time.perf_counter() - t0 < 20  # 56 s before, for 100 MB
+    for drawn in (text, page):
+        assert "\u202e" not in drawn and "Flip\\u202eesrever" in drawn
+        assert not any(line.lstrip().startswith("forged row") for line in drawn.splitlines())
+        assert "Log\\x0aforged row" in drawn
+        assert len(drawn) < 1_000_000 and "19,998,000 characters more" in drawn
+
+
 class Branching(Dataset):
     """Doubles its items when its transform is a Compose: code that inspects its transform."""
 

@@ -53,8 +53,13 @@ def comm_line(data: dict[str, Any]) -> str | None:
     )
 
 
-# C0 controls but tab and newline, DEL and the C1 controls: shown as \x1b, never passed through
-_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]}
+# C0 controls but tab, DEL and the C1 controls: shown as \x1b, never passed through (a line
+# feed in a name would forge a table line). Direction and invisible formatting characters
+# (U+202E reverses what follows, in text and HTML) as \u202e.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x09), *range(0x0A, 0x20), *range(0x7F, 0xA0)]}
+_CONTROLS.update({c: f"\\u{c:04x}" for c in [*range(0x200B, 0x2010), *range(0x2028, 0x202F),
+                                              *range(0x2060, 0x206A), 0xFEFF]})  # fmt: skip
+SHOWN_CHARS = 2000  # a string longer than this (a 100 MB note) is cut when drawn
 
 
 def evidence_items(evidence: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -79,10 +84,14 @@ def evidence_items(evidence: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 
 def visible(value: Any) -> Any:
-    """``value`` with control characters in every string (keys too) shown as ``\\x1b``: names
-    from user code or a report file cannot drive the terminal (a title, the clipboard, hidden
-    text) or the page. Renderers call it on the data they are given."""
+    """``value`` with control, direction and invisible characters in every string (keys too)
+    shown as escapes (``\\x1b``, ``\\x0a``, ``\\u202e``) and strings cut at ``SHOWN_CHARS``:
+    names from user code or a report file cannot drive the terminal (a title, the clipboard,
+    hidden text), forge a line, reverse the page's text or take minutes to draw. Renderers
+    call it on the data they are given."""
     if isinstance(value, str):
+        if len(value) > SHOWN_CHARS:
+            value = f"{value[:SHOWN_CHARS]}… ({len(value) - SHOWN_CHARS:,} characters more)"
         return value.translate(_CONTROLS)
     if isinstance(value, dict):
         return {visible(k): visible(v) for k, v in value.items()}

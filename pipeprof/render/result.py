@@ -46,9 +46,7 @@ class Result:
 
     def write_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the self-contained HTML page (works offline); returns the path."""
-        target = Path(path)
-        target.write_text(self.render("html"), encoding="utf-8")
-        return target
+        return write_atomic(path, self.render("html"))
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         yield from self._renderables()
