@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from pipeprof.analyze.stages import top_total, tree_order
-from pipeprof.analyze.verdict import loop_view
+from pipeprof.analyze.verdict import loop_view, other_load
 from pipeprof.core.units import num, pct
 
 SCHEMA = "pipeprof-compare/1"
@@ -136,24 +136,6 @@ def _stage_half(row: dict[str, Any]) -> float | None:
 def _verdict(v: dict[str, Any]) -> dict[str, Any]:
     keys = ("kind", "severity", "stage", "stages", "fraction", "borderline", "headline")
     return {k: v.get(k) for k in keys}
-
-
-def other_load(data: dict[str, Any]) -> dict[str, Any] | None:
-    """What other processes did to the machine during a run: ``other_cores``, the CPU (in
-    cores) that the host sampler saw used beyond the profiled processes, ``stolen_cores``, the
-    part of it a hypervisor gave to other machines (steal; None where not read), and
-    ``cpu_count``; None when the host was not sampled."""
-    host = data.get("host") or {}
-    util, cores = host.get("cpu_util_mean"), host.get("cpu_count")
-    if util is None or not cores:
-        return None
-    ours = sum(p.get("cpu_mean") or 0.0 for p in host.get("per_process") or []) / 100
-    steal = host.get("steal_mean")
-    return {
-        "other_cores": round(max(0.0, util / 100 * cores - ours), 3),
-        "stolen_cores": None if steal is None else round(steal / 100 * cores, 3),
-        "cpu_count": cores,
-    }
 
 
 def machine(b: dict[str, Any], a: dict[str, Any], labels: tuple[str, str]) -> dict[str, Any]:

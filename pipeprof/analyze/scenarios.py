@@ -30,9 +30,8 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from pipeprof.analyze.compare import other_load
 from pipeprof.analyze.loop import loop_floor, measured_rate
-from pipeprof.analyze.verdict import handover_overlapped
+from pipeprof.analyze.verdict import handover_overlapped, other_load
 from pipeprof.analyze.whatif import (
     Model,
     StageCost,
