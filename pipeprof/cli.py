@@ -597,7 +597,7 @@ def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: 
     data = main.to_dict()
     for part in (data, data.get("host") or {}, data.get("gpu") or {}):
         part.pop("timeline", None)  # the job report reads none of them: the gather stays small
-    run.job_entry = (str(paths[reports[0][0].label]), {**data, "started_at":
+    run.job_entry = (_shown(paths[reports[0][0].label], opts.cwd), {**data, "started_at":
                                                        main.session.started_at})  # fmt: skip
     if opts.html:
         with _naming(opts.html):

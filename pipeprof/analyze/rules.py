@@ -640,9 +640,10 @@ def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     # hands over; that thread needs the worker's GIL, which the worker's Python holds while it
     # makes the next batch (up to the 5 ms switch interval a tensor). Where the workers are busy
     # (at least half their time) and compute (their CPU at least half their busy time, or the
-    # cores full), that is the likely cause, and file_system sharing removes it (the diagnosis
-    # matrix: 4 workers with 16 ms of Python collate on 2 cores ran 266-287 samples/s; with
-    # file_system, 636-709). Workers with slack (large batches made at once) hold no GIL long.
+    # cores full), that is the likely cause, and file_system sharing removes it (an earlier
+    # diagnosis matrix: 4 workers with 16 ms of Python collate on 2 cores ran 266-287
+    # samples/s; with file_system, 636-709; today's ran 724 and 823, bound by the cores: NOTE
+    # [ Workers past the cores ] in verdict.py). Workers with slack hold no GIL long.
     busy = [w["busy_fraction"] for w in facts["workers"] if w.get("busy_fraction") is not None]
     gil = (
         meta.get("sharing_strategy") == "file_descriptor"

@@ -319,7 +319,8 @@ def handover_led(loop: dict[str, Any], view: dict[str, Any]) -> bool:
 # as often as the epochs do, and may be most of the loop. Where a loop ran 2 epochs or more with
 # such workers, and its epochs' start-ups (the first batches of each, until every worker has
 # delivered one: ``loop.startup_wait_s``) waited at least MODERATE_WAIT of the whole loop and
-# more than the steady steps' wait, the verdict reads all the steps and names the cause
+# more than the steady steps' wait, and the wait is the loop's largest part besides compute
+# (not a rank's all-reduce, not logging), the verdict reads all the steps and names the cause
 # "start-up": no stage limits, more workers start slower, and the fix is to keep the workers
 # (``slow-startup`` in analyze/rules.py, which prices it).
 
@@ -335,6 +336,12 @@ def restarting(report: dict[str, Any]) -> float | None:
     wall, start = loop.get("wall_s") or 0.0, loop.get("startup_wait_s") or 0.0
     steady = (loop.get("steady") or {}).get("wait_s") or 0.0
     if not wall or start < MODERATE_WAIT * wall or start <= steady:
+        return None
+    # ... and only where the wait, start-ups included, is the loop's largest part besides
+    # compute: a DDP rank whose all-reduce took 28 % of the loop was called input-bound on a
+    # 10 % wait, 5 % of it start-ups (2 runs of 3 of the held-out ddp_files.py)
+    others = ("transfer", "comm", "overhead")
+    if (loop.get("wait_fraction") or 0.0) < max(loop.get(f"{k}_fraction") or 0.0 for k in others):
         return None
     return start / wall
 
