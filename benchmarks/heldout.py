@@ -6,9 +6,12 @@ Each script is a plain training script (no pipeprof in it), run with ``pipeprof 
 findings with a fix. Where ``workers-needed`` names a worker count, the script is run again with
 ``--workers N`` and its loop's samples/s (start-up included) is compared with the rate the finding
 gave for a run like this one (start-up included where it mattered) and with the rate before
-(medians).
+(medians). A script that prints its own meters (a ``METERS {json}`` line: samples/s, the share
+of its loop spent waiting for data) has them kept beside pipeprof's (``meters``,
+``wait_fraction``); ``ddp_files`` runs under torchrun, 2 ranks (rank 0's report, the job's
+headline).
 
-    .venv/bin/python benchmarks/heldout.py                 # 3 runs each, ~10 minutes
+    .venv/bin/python benchmarks/heldout.py                 # 3 runs each, ~15 minutes
     .venv/bin/python benchmarks/heldout.py --runs 5 --only resnet_cpu --json heldout.json
 """
 
