@@ -30,8 +30,9 @@ A pass of one loader that runs inside a step of another (validation every N trai
 a non-compute region of that step, named after the loader. Two loaders advanced in turn (``zip``)
 are each profiled, with a note: each one's compute then holds the other's wait.
 
-The outputs are written when the script ends, raises, exits, on Ctrl-C and on SIGTERM (which
-unwinds the script like Ctrl-C, then ends the process with SIGTERM as it would have), or once
+The outputs are written when the script ends, raises, exits, on Ctrl-C and on SIGTERM or SIGHUP
+(which unwind the script like Ctrl-C, then end the process with that signal as it would have:
+``_on_signals``; a signal the script handles or ignores is left to it), or once
 ``batches`` batches were profiled (then at once); after that the script runs on unprofiled (a
 pass under way goes on through its profiled twin, so no batch is repeated or lost).
 """
@@ -68,7 +69,16 @@ _ASSIGNED = re.compile(r"^\s*((?:self\.)?[A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
 
 
 class Terminated(BaseException):
-    """Raised in the script by SIGTERM so that it unwinds and the outputs get written."""
+    """Raised in the script by SIGTERM or SIGHUP (``signum``) so that it unwinds and the outputs
+    get written; the process then ends by that signal."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# The signals that end a script by default and unwind it under ``pipeprof run`` (``_on_signals``).
+ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @dataclass
@@ -170,7 +180,7 @@ class Run:
         from torch.optim import optimizer as optim
         from torch.utils.data import DataLoader
 
-        from pipeprof.collect.torch.loader import _Delegate
+        from pipeprof.collect.torch.loader import Collate
 
         run = self
         orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
@@ -178,7 +188,7 @@ class Run:
         @functools.wraps(orig_init)  # its signature too: pipeprof's twin reads it
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(loader, *args, **kwargs)
-            if not isinstance(loader.dataset, _Delegate):  # not pipeprof's own twin
+            if not isinstance(loader.collate_fn, Collate):  # not pipeprof's own twin
                 run._remember_site(loader)
 
         @functools.wraps(orig_iter)
@@ -187,7 +197,7 @@ class Run:
                 run.stopped
                 or run._local.inside
                 or os.getpid() != run.pid  # a process the script forked
-                or isinstance(loader.dataset, _Delegate)  # a twin, iterated by a Profiler
+                or isinstance(loader.collate_fn, Collate)  # a twin, iterated by a Profiler
             ):
                 return orig_iter(loader)
             return run._pass(loader)
@@ -935,7 +945,7 @@ def execute(run: Run, target: str, module: bool, args: list[str]) -> BaseExcepti
     else:
         sys.argv = [target, *args]
         sys.path[0] = str(Path(target).resolve().parent)
-    previous = _on_sigterm()
+    previous = _on_signals()
     run.install()
     ended: BaseException | None = None
     try:
@@ -954,8 +964,8 @@ def execute(run: Run, target: str, module: bool, args: list[str]) -> BaseExcepti
             link = link.__cause__ or link.__context__
     finally:
         run.uninstall()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         sys.argv = argv
         if path0 is not None:
             sys.path[0] = path0
@@ -981,23 +991,23 @@ def _run_file(target: str) -> None:
             sys.modules["__main__"] = saved
 
 
-def _on_sigterm() -> Any:
-    """SIGTERM unwinds the script (outputs written on the way out); the previous handler."""
+def _on_signals() -> dict[int, Any]:
+    """SIGTERM and SIGHUP unwind the script (outputs written on the way out), each where it has
+    its default action (one the script's parent ignored, as under ``nohup``, stays ignored);
+    returns the handlers replaced."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return None  # someone handles it already: left as it is
-
+        return {}
     owner = os.getpid()
 
     def raise_terminated(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends it at once
         if os.getpid() != owner:  # a process the script forked (a Pool's, a DataLoader's
-            os.kill(os.getpid(), signal.SIGTERM)  # worker): ends as it would without us,
+            os.kill(os.getpid(), signum)  # worker): ends as it would without us,
             signal.pause()  # pragma: no cover  (no flush: its buffers are the parent's too)
-        raise Terminated()
+        raise Terminated(signum)
 
-    return signal.signal(signal.SIGTERM, raise_terminated)
+    return {signum: signal.signal(signum, raise_terminated) for signum in ENDING_SIGNALS
+            if signal.getsignal(signum) is signal.SIG_DFL}  # fmt: skip
 
 
 def _script_frames(tb: TracebackType | None) -> TracebackType | None:
@@ -1027,7 +1037,7 @@ def end_like(ended: BaseException | None) -> int:
     if isinstance(ended, SystemExit):
         raise SystemExit(ended.code)  # Python prints a message for a non-int code, as ever
     if isinstance(ended, Terminated):
-        _die_by(signal.SIGTERM)
+        _die_by(ended.signum)
     sys.excepthook(type(ended), ended, ended.__traceback__)
     if isinstance(ended, KeyboardInterrupt):
         _die_by(signal.SIGINT)

@@ -205,3 +205,87 @@ if __name__ == "__main__":
     assert frames(ran.stderr) == frames(plain.stderr), ran.stderr
     assert "pipeprof" not in " ".join(frames(ran.stderr))
     assert "ValueError: sample 5 is broken" in ran.stderr
+
+
+SLOW_LOOP = """
+import signal, sys, time
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return i
+if __name__ == "__main__":
+    for step, x in enumerate(DataLoader(Slow(), batch_size=2, num_workers=2)):
+        time.sleep(0.02)
+        if step == 5:
+            print("running", flush=True)
+"""
+
+
+def _signalled(tmp_path: Path, cmd: list[str], signum: int) -> tuple[int, str]:
+    """Run ``cmd`` until the script's 6th step, send ``signum`` to its main process alone."""
+    import time
+
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "running" in line:
+            break
+    time.sleep(0.3)
+    os.kill(proc.pid, signum)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_each_ending_signal_keeps_the_report_and_the_exit_status(tmp_path, name):
+    """Issue 37: the report is written for SIGTERM, SIGHUP and SIGINT to the main process, and
+    the process ends as plain python's does (by the signal; SIGINT: KeyboardInterrupt)."""
+    import signal
+
+    signum = getattr(signal, name)
+    (tmp_path / "s.py").write_text(LOOP.format(before=SLOW_LOOP).split("print(sum(")[0])
+    plain, _ = _signalled(tmp_path, [sys.executable, "s.py"], signum)
+    ran, err = _signalled(tmp_path, [sys.executable, "-m", "pipeprof", "run", "-o", "run.json",
+                                     "s.py"], signum)  # fmt: skip
+    assert ran == plain == -signum, err
+    assert "could not be written" not in err, err
+    assert json.loads((tmp_path / "run.json").read_text())["loop"]["steps"] >= 5
+
+
+WORKER_EXITS = """
+import sys
+class Exits(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if i == 40:
+            {how}
+        return i
+if __name__ == "__main__":
+    try:
+        for x in DataLoader(Exits(), batch_size=4, num_workers=2):
+            pass
+    except {caught} as exc:
+        print("caught", type(exc).__name__)
+        sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("how,caught,status", [
+    ("sys.exit(3)", "KeyError", 1),  # the worker exits: torch raises in the loop, uncaught
+    ("raise ValueError('bad sample')", "ValueError", 4),  # the script's sys.exit on it
+])  # fmt: skip
+def test_a_worker_that_exits_or_raises_keeps_the_report(tmp_path, how, caught, status):
+    """Issue 37: ``sys.exit`` in a worker, and the script's ``sys.exit`` on a worker's
+    exception: the exit status as plain, the report written with the batches before."""
+    body = WORKER_EXITS.format(how=how, caught=caught)
+    (tmp_path / "s.py").write_text(LOOP.format(before=body).split("print(sum(")[0])
+    plain = run(tmp_path, sys.executable, "s.py")
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "-o", "run.json", "s.py")
+    assert plain.returncode == ran.returncode == status, ran.stderr
+    assert plain.stdout == ran.stdout
+    assert "could not be written" not in ran.stderr, ran.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["loop"]["steps"] >= 4

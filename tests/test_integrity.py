@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import shutil
 import subprocess
@@ -21,7 +20,6 @@ from stage_sampling import counts
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 import pipeprof
-from pipeprof.collect.torch.loader import IterDataset, MapDataset
 from pipeprof.core.recorder import recorder
 
 # ---- the user's code sees its own dataset --------------------------------------------------
@@ -54,13 +52,56 @@ def test_worker_init_fn_recognises_the_users_dataset_class():
     assert pipeprof.profile(loader)["samples"] == 8
 
 
-def test_the_dataset_wrappers_pickle_as_themselves():
-    """spawn workers get the wrapper by pickling: it must come back as the wrapper, not as the
-    user's class its ``__class__`` answers with."""
-    for wrapper in (MapDataset([1, 2, 3]), IterDataset(Shardable())):
-        back = pickle.loads(pickle.dumps(wrapper))
-        assert type(back) is type(wrapper)
-        assert isinstance(back, type(wrapper.__dict__["_inner"]))
+class AddOne:
+    def __call__(self, x: int) -> int:
+        return x + 1
+
+
+class Configured(Dataset):
+    """Eight items; what a worker's ``configure`` writes into it shows in every sample."""
+
+    def __init__(self) -> None:
+        self.start = 0
+        self.tag = None
+        self.transform = AddOne()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([self.transform(i) + self.start, -1 if self.tag is None else self.tag])
+
+
+def configure(worker_id: int) -> None:
+    """A worker_init_fn that dispatches on exact types and writes through ``__dict__``."""
+    ds = get_worker_info().dataset
+    checks = [
+        type(ds) is Configured,
+        type(ds).__name__ == "Configured",
+        ds.__class__ is Configured and isinstance(ds, Configured),
+        type(ds.transform) is AddOne and type(ds.transform).__name__ == "AddOne",
+        sorted(vars(ds)) == ["start", "tag", "transform"],
+    ]
+    if all(checks):
+        ds.__dict__.update(start=7)
+        vars(ds)["tag"] = 100 + worker_id
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_a_worker_sees_the_users_own_dataset_and_transform(ctx):
+    """Issue 37, items 1-2: ``get_worker_info().dataset`` is the user's type with its own
+    ``__dict__``, and its transform the user's own, while the stages are still timed."""
+    loader = DataLoader(Configured(), batch_size=2, num_workers=2, worker_init_fn=configure,
+                        multiprocessing_context=ctx)  # fmt: skip
+    plain = [b.tolist() for b in loader]
+    assert {row[0] - i - 1 for b in plain for i, row in enumerate(b)} >= {7}  # configured
+    assert {row[1] for b in plain for row in b} == {100, 101}
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        profiled = [b.tolist() for b in prof.wrap(loader)]
+    assert profiled == plain
+    stages = prof.report().to_dict()["stages"]
+    assert stages["load"]["count"] == 8 and stages["transform"]["count"] == 8
 
 
 # ---- stream files -----------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 NOTE [ Worker timing transport ]
 The profiled loader is a new ``DataLoader`` built with the user's arguments (a DataLoader refuses
-to have its dataset replaced, and the user's objects are never mutated) around four picklable
-wrappers: the dataset (``load`` per sample), its transforms (one stage each, see
-dataset.py), ``collate_fn`` and ``worker_init_fn``. The collate wrapper runs last in a
+to have its dataset replaced, and the user's objects are never mutated) around the dataset (or a
+copy of it whose transforms are timed stand-ins, one stage each: dataset.py) and two picklable
+wrappers, ``collate_fn`` and ``worker_init_fn``; ``load`` per sample is timed by a reader that
+only torch's fetcher sees (NOTE [ The user's own dataset ]). The collate wrapper runs last in a
 worker for every batch: it drains the worker's recorder and returns ``Carrier(batch, records)``.
 The carrier travels through the loader's own result queue, is pinned by the pin-memory thread
 (which calls ``Carrier.pin_memory``, where pin time is measured) and is unwrapped by the iterator
@@ -143,28 +144,13 @@ def _rebuild(batch: Any, payload: dict[str, Any] | OffFigures, pin_ns: int) -> C
 
 
 class _Delegate:
-    """Attribute reads and writes go to the user's dataset copy.
-
-    A user's ``worker_init_fn`` often configures ``get_worker_info().dataset`` (shards an
-    IterableDataset, opens a file handle); that object is this wrapper, so it forwards. It also
-    answers ``__class__`` with the user's class, so ``isinstance(get_worker_info().dataset,
-    TheirDataset)`` holds as it does plain (isinstance falls back to ``__class__``; ``type()``
-    still shows the wrapper). Pickling goes by the real class (``__reduce__``).
-    """
+    """What torch's fetcher reads in a profiled loader: the dataset as the loader holds it, with
+    ``load`` timed (NOTE [ The user's own dataset ]). Attribute reads and writes go to it."""
 
     _inner: Any
 
     def __init__(self, dataset: Any) -> None:
         object.__setattr__(self, "_inner", dataset)
-
-    @property  # type: ignore[misc]
-    def __class__(self) -> type:
-        return type(self.__dict__["_inner"])
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        extra = {k: v for k, v in self.__dict__.items() if k in _DELEGATE_EXTRAS}
-        # one pickle: the stand-ins in ``_swaps`` stay the very objects in the dataset copy
-        return (_rebuild_delegate, (type(self), self.__dict__["_inner"], extra))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_inner" not in self.__dict__:
@@ -178,19 +164,35 @@ class _Delegate:
         return len(self._inner)
 
 
-# pipeprof's own attributes of a delegate (NOTE [ Unprofiled batches ]), set with
-# ``object.__setattr__``: the stand-ins and what they stand in for, and the workers' rule
-# (``(stage_every, phase, first)``, or None: every batch profiled)
-_DELEGATE_EXTRAS = ("_swaps", "_ab")
+# NOTE [ The user's own dataset ]
+# The profiled DataLoader holds the dataset itself (the user's, or its copy with timed transforms:
+# collect/torch/dataset.py), so what user code reaches (``get_worker_info().dataset``,
+# ``loader.dataset``) has the user's type and its own ``__dict__``: a ``worker_init_fn`` that
+# dispatches on ``type(ds)`` or writes ``vars(ds)`` acts as it does plain. ``load`` is timed by a
+# reader that only torch's fetcher sees: ``_DatasetKind.create_fetcher``, patched once a process
+# (``_install_fetcher``; a spawned worker's ``WorkerInit`` runs before its fetcher is made), hands
+# the fetcher ``Collate.reader(dataset)`` for a loader whose ``collate_fn`` is pipeprof's
+# ``Collate``, and torch's own arguments for any other loader. While the user's ``worker_init_fn``
+# runs, the copy holds the user's own transforms, not their stand-ins (``WorkerInit``).
+_FETCHER: list[Any] = [None]  # torch's create_fetcher, once patched
 
 
-def _rebuild_delegate(
-    cls: type[_Delegate], inner: Any, extra: dict[str, Any] | None = None
-) -> _Delegate:
-    obj = cls(inner)
-    for key, value in (extra or {}).items():
-        object.__setattr__(obj, key, value)
-    return obj
+def _install_fetcher() -> None:
+    """Patch ``_DatasetKind.create_fetcher`` in this process (once; see NOTE above)."""
+    if _FETCHER[0] is not None:
+        return
+    from torch.utils.data.dataloader import _DatasetKind
+
+    orig = _DatasetKind.__dict__["create_fetcher"]
+    _FETCHER[0] = orig.__func__ if isinstance(orig, staticmethod) else orig
+    _DatasetKind.create_fetcher = staticmethod(_create_fetcher)  # type: ignore[method-assign]
+
+
+def _create_fetcher(kind: Any, dataset: Any, auto_collation: Any, collate_fn: Any,
+                    *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+    if isinstance(collate_fn, Collate):
+        dataset = collate_fn.reader(dataset)
+    return _FETCHER[0](kind, dataset, auto_collation, collate_fn, *args, **kwargs)
 
 
 def set_swaps(swaps: Any, plain: bool) -> list[Any]:
@@ -320,10 +322,28 @@ class IterDataset(_Delegate, IterableDataset):  # type: ignore[type-arg]
 class Collate:
     """Times ``collate_fn`` and ships the process's records with the batch it made."""
 
-    def __init__(self, fn: Callable[[Any], Any], per_sample: bool) -> None:
+    ab: tuple[int, int, int] | None  # set for workers only (``ProfiledLoader._arm_workers``)
+
+    def __init__(
+        self, fn: Callable[[Any], Any], per_sample: bool, swaps: list[Any] | None = None
+    ) -> None:
         self.fn = fn
         self.per_sample = per_sample
         self.described = False  # what a sample holds was said (each worker has its own copy)
+        # NOTE [ Unprofiled batches ]: the dataset copy's stand-ins and what they stand in for;
+        # ``ab``, once set (``ProfiledLoader._arm_workers``), the workers' rule
+        self.swaps = swaps if swaps is not None else []
+
+    def reader(self, dataset: Any) -> _Delegate:
+        """What torch's fetcher reads ``dataset`` through (NOTE [ The user's own dataset ])."""
+        if isinstance(dataset, IterableDataset):
+            return IterDataset(dataset)
+        items = callable(getattr(dataset, "__getitems__", None))
+        wrapped = (MapDatasetItems if items else MapDataset)(dataset)
+        object.__setattr__(wrapped, "_swaps", self.swaps)
+        if "ab" in self.__dict__:
+            object.__setattr__(wrapped, "_ab", self.ab)
+        return wrapped
 
     def __call__(self, samples: Any) -> Any:
         rec = recorder()
@@ -392,13 +412,16 @@ class WorkerInit:
         h5: bool = False,
         nvtx: bool = False,
         probe_base: int | None = None,
+        swaps: list[Any] | None = None,
     ) -> None:
         self.fn = fn
         self.h5 = h5
         self.nvtx = nvtx
         self.probe_base = probe_base
+        self.swaps = swaps or []  # the same list as the Collate's (one pickle, spawned workers)
 
     def __call__(self, worker_id: int) -> None:
+        _install_fetcher()  # a spawned worker: before torch makes its fetcher
         rec = recorder()
         rec.reset(f"worker{worker_id}")
         if self.probe_base is not None:
@@ -416,8 +439,12 @@ class WorkerInit:
             except ImportError:
                 pass
             hdf5.install()  # for the worker's life: the process is the profiled loader's own
-        if self.fn is not None:
-            self.fn(worker_id)
+        if self.fn is not None:  # it sees the dataset's own transforms, not their stand-ins
+            plain = set_swaps(self.swaps, plain=True)
+            try:
+                self.fn(worker_id)
+            finally:
+                set_swaps(plain, plain=False)
         _CPU_MARK[0] = time.process_time_ns()
 
 
@@ -443,15 +470,12 @@ def _loader_params() -> frozenset[str]:
 def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, list[str]]:
     """A DataLoader equal to ``loader`` but with timed dataset, collate and worker init
     (``nvtx``: the workers emit NVTX ranges too)."""
+    _install_fetcher()  # NOTE [ The user's own dataset ]
     swaps: list[Any] = []
     dataset, notes = instrument_dataset(loader.dataset, swaps)
     if isinstance(loader.dataset, IterableDataset):
-        wrapped: Dataset[Any] = IterDataset(dataset)
         kwargs: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
     else:
-        has_items = callable(getattr(loader.dataset, "__getitems__", None))
-        wrapped = (MapDatasetItems if has_items else MapDataset)(dataset)
-        object.__setattr__(wrapped, "_swaps", swaps)  # NOTE [ Unprofiled batches ]
         if loader.batch_sampler is not None:
             kwargs = {"batch_sampler": loader.batch_sampler}
         else:
@@ -464,10 +488,12 @@ def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, li
         kwargs.pop("prefetch_factor", None)
         kwargs.pop("persistent_workers", None)
     per_sample = loader.batch_size is None and loader.batch_sampler is None
-    kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample)
+    kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample, swaps)
     base = probe_base() if kwargs.get("num_workers") else None  # measured here, once a process
-    kwargs["worker_init_fn"] = WorkerInit(loader.worker_init_fn, "h5py" in sys.modules, nvtx, base)
-    return DataLoader(wrapped, **kwargs), notes
+    kwargs["worker_init_fn"] = WorkerInit(
+        loader.worker_init_fn, "h5py" in sys.modules, nvtx, base, swaps
+    )
+    return DataLoader(dataset, **kwargs), notes
 
 
 def check_device(device: Any) -> torch.device | None:
@@ -712,15 +738,15 @@ class ProfiledLoader:
 
     def _swap(self, plain: bool) -> None:
         if plain:
-            self._swapped = set_swaps(self.loader.dataset.__dict__.get("_swaps", ()), True)
+            self._swapped = set_swaps(getattr(self.loader.collate_fn, "swaps", ()), True)
         else:
             set_swaps(self._swapped, False)
 
     def _arm_workers(self) -> None:
         """NOTE [ Unprofiled batches ]: the workers' rule for this pass (workers that persist
         keep the one they started with)."""
-        dataset = self.loader.dataset
-        if not isinstance(dataset, MapDataset) or "_swaps" not in dataset.__dict__:
+        collate = self.loader.collate_fn
+        if isinstance(self.loader.dataset, IterableDataset) or not isinstance(collate, Collate):
             return
         # each worker's count of batches goes on from the last pass's (``seen`` shared out), so
         # that workers started afresh for each of a short loader's epochs take their turn; of
@@ -730,7 +756,7 @@ class ProfiledLoader:
         phase = self.seen // workers % self.stage_every
         first = -(-max(0, TIMED_FIRST - self.seen) // workers)
         ab = (self.stage_every, phase, first) if self._sampled() else None
-        object.__setattr__(dataset, "_ab", ab)
+        collate.ab = ab
         if self.passes < 2 or not self.loader.persistent_workers:  # the workers starting now
             self._ruled = ab is not None
 
