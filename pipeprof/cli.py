@@ -100,6 +100,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-every", type=_positive, default=STAGE_EVERY,
                    help=f"time the loaders' stages in one batch in this many ({STAGE_EVERY}; "
                    "1: every batch)")  # fmt: skip
+    p.add_argument("--snapshot-s", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="save the main loop's report so far to OUT every this many seconds "
+                   "(30; the first 5 s after the first batch), so a killed run leaves its last "
+                   "snapshot; the report at the end replaces it; 0 turns it off")  # fmt: skip
     p.add_argument("--no-regions", action="store_true",
                    help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
     p.add_argument("--nvtx", action="store_true",
@@ -120,6 +124,7 @@ def _run_parser() -> argparse.ArgumentParser:
 # options that take a value: the script starts after it
 _RUN_VALUED = {
     "-o", "--out", "--html", "--trace", "--batches", "--sample-hz", "--stage-every", "--log-to",
+    "--snapshot-s",
 }  # fmt: skip
 _LOG_OPTION = {"tensorboard": "log_dir", "mlflow": "tracking_uri", "wandb": "project"}
 
@@ -471,7 +476,8 @@ def cmd_run(argv: list[str]) -> int:
             _check_writable(path)
     run = runner.Run(
         batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions,
-        nvtx=opts.nvtx, stage_every=opts.stage_every,
+        nvtx=opts.nvtx, stage_every=opts.stage_every, snapshot=opts.out,
+        snapshot_s=opts.snapshot_s,
     )  # fmt: skip
     run.on_stop = lambda: _run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: _job_outputs(run, opts)

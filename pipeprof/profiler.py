@@ -20,7 +20,7 @@ from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
 from pipeprof.core.detect import is_tf_dataset, is_torch_loader
 from pipeprof.core.recorder import STAGE_EVERY, clock, measure_overhead, recorder
-from pipeprof.core.session import Session, check_writable
+from pipeprof.core.session import SNAPSHOT_SPANS, Session, check_writable
 from pipeprof.core.stats import Stat
 from pipeprof.report import Report
 
@@ -468,17 +468,18 @@ class Profiler:
         index = ranks.visible_to_nvml(int(match.group(1))) if match else ranks.local_gpu()
         return None if index is None else [index]
 
-    def _collect_samplers(self) -> None:
+    def _collect_samplers(self, samplers: list[Any] | None = None) -> None:
         from pipeprof.collect.samplers import HostSampler, NvmlSampler
 
-        for sampler in self._samplers:
+        samplers = self._samplers if samplers is None else samplers
+        for sampler in samplers:
             if isinstance(sampler, NvmlSampler):
                 self.session.gpu = sampler.to_dict()
             elif isinstance(sampler, HostSampler):
                 self.session.host = sampler.to_dict()
-        if self._samplers:
-            self.session.costs["sampler_ns"] = sum(s.cpu_ns for s in self._samplers)
-            self.session.costs["sampler_first_ns"] = sum(s.first_ns for s in self._samplers)
+        if samplers:
+            self.session.costs["sampler_ns"] = sum(s.cpu_ns for s in samplers)
+            self.session.costs["sampler_first_ns"] = sum(s.first_ns for s in samplers)
 
     def _maybe_flush(self) -> None:
         # NVML starts once the first batch is in: DataLoader workers have forked by then.
@@ -486,35 +487,56 @@ class Profiler:
         if not self.stream or time.monotonic() - self._last_flush < self.flush_s:
             return
         self._last_flush = time.monotonic()
+        try:
+            self.snapshot(self.stream)
+        except OSError as exc:
+            self._stream_failed_once(exc)
+
+    # NOTE [ Snapshots ]
+    # A snapshot is the session of a loop still running, saved so that a crash, a SIGKILL or the
+    # OOM killer leaves what was measured (``stream=``; ``pipeprof run`` by default). It is
+    # written on the training thread between two steps, so its cost is the loop's: it must not
+    # grow with the run. The aggregates are fixed-size and the rings bounded; the spans (up to
+    # SPAN_LIMIT, about 10 MB of JSON) are the part that grew: a snapshot keeps the latest
+    # SNAPSHOT_SPANS (the loop's end writes them all). Measured: benchmarks/stream_cost.py.
+    def snapshot(self, path: str, samplers: list[Any] | None = None,
+                 note: str | None = None) -> None:  # fmt: skip
+        """Save the session as it is now to ``path``, marked partial (NOTE [ Snapshots ]);
+        ``samplers``: the host and GPU samplers to read (default: this profiler's own)."""
         s = self.session
         s.end_ns = clock()
         self._steps_log.fold()
         self._comm_meta()
-        self._collect_samplers()
-        # a snapshot of a loop still running: if the process dies now, the file says partial
+        self._collect_samplers(samplers)
+        if not s.overhead_ns:  # a snapshot says what a region costs, too
+            s.overhead_ns = measure_overhead()
         was, s.interrupted = s.interrupted, True
         try:
-            self._save_stream()
+            s.save(path, spans=SNAPSHOT_SPANS, note=note)
         finally:
             s.interrupted = was
 
     def _save_stream(self) -> None:
-        """Save the session to ``stream``. A write that fails (folder removed, disk full) warns
-        once and leaves a note; it never raises into the loop or masks the loop's exception."""
+        """Save the session to ``stream`` (all of it: the loop is over). A write that fails
+        (folder removed, disk full) warns once and leaves a note; it never raises into the loop
+        or masks the loop's exception."""
         assert self.stream is not None
-        if not self.session.overhead_ns:  # a snapshot says what a region costs, too
+        if not self.session.overhead_ns:
             self.session.overhead_ns = measure_overhead()
         try:
             self.session.save(self.stream)
         except OSError as exc:
-            if not self._stream_failed:
-                self._stream_failed = True
-                msg = (
-                    f"pipeprof could not write the stream file {self.stream} ({exc}); profiling "
-                    "goes on in memory: save the report at the end with report.save(path)"
-                )
-                warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                self.session.notes.append(msg)
+            self._stream_failed_once(exc)
+
+    def _stream_failed_once(self, exc: OSError) -> None:
+        if not self._stream_failed:
+            self._stream_failed = True
+            msg = (
+                f"pipeprof could not write the stream file {self.stream} ({exc}); profiling "
+                "goes on in memory: save the report at the end with report.save(path)"
+            )
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            self.session.notes.append(msg)
 
     # ---- replay baseline ----------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ import sysconfig
 import threading
 import weakref
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -66,6 +67,17 @@ from pipeprof.report import Report
 
 _PIPEPROF_DIR = str(Path(__file__).resolve().parent)
 _ASSIGNED = re.compile(r"^\s*((?:self\.)?[A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
+
+
+# NOTE [ Snapshots ] in profiler.py: ``pipeprof run`` saves the main loop's session to its ``-o``
+# file every SNAPSHOT_S seconds (the first SNAPSHOT_FIRST_S after the first batch), so that a
+# SIGKILL or the OOM killer leaves the last one; the report at the end replaces it.
+SNAPSHOT_S = 30.0
+SNAPSHOT_FIRST_S = 5.0
+SNAPSHOT_NOTE = ("a snapshot of a run still going: pipeprof run saves one every --snapshot-s "
+                 "seconds, and the report at the end replaces it. This one was left, so the run "
+                 "ended without writing its report (killed: SIGKILL, the OOM killer, a node "
+                 "failure), or is still going")  # fmt: skip
 
 
 class Terminated(BaseException):
@@ -123,9 +135,17 @@ class Run:
         regions: bool = True,
         nvtx: bool = False,
         stage_every: int = STAGE_EVERY,
+        snapshot: str | None = None,
+        snapshot_s: float = SNAPSHOT_S,
     ) -> None:
         self.batches = batches
         self.nvtx = nvtx  # NVTX ranges (collect/ranges.py)
+        # NOTE [ Snapshots ] in profiler.py: the main loop's session saved there every
+        # ``snapshot_s`` seconds while it runs (the first SNAPSHOT_FIRST_S after its first batch)
+        self.snapshot_path = snapshot if snapshot_s > 0 else None
+        self.snapshot_s = snapshot_s
+        self._next_snapshot = 0  # clock() ns of the next one; 0: at the first batch, set then
+        self.snapshot_ns = 0  # the training thread's time spent writing them
         self.stage_every = stage_every  # a sample of each loader's batches timed
         self.regions = regions
         self.sample_hz = sample_hz
@@ -185,22 +205,68 @@ class Run:
         run = self
         orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
 
+        def passes(orig: Any, subclass: bool = False) -> Any:
+            """``__iter__`` of DataLoader, or of a subclass that has its own, as a profiled
+            pass (NOTE [ Run ])."""
+
+            @functools.wraps(orig)
+            def __iter__(loader: Any) -> Any:
+                if (
+                    run.stopped
+                    or run._local.inside
+                    or os.getpid() != run.pid  # a process the script forked
+                    or isinstance(loader.collate_fn, Collate)  # a twin, iterated by a Profiler
+                ):
+                    return orig(loader)
+                if subclass and _weakable(loader) and loader not in run.sites:
+                    run._remember_site(loader)  # its __init__ may not be DataLoader's
+                return run._pass(loader)
+
+            __iter__._pipeprof_passes = True  # type: ignore[attr-defined]
+            return __iter__
+
+        def own_iter(cls: type) -> None:
+            """A subclass with its own ``__iter__`` (torchdata's StatefulDataLoader, whose
+            ``__init__`` is not DataLoader's either): that one is patched too, once, as each
+            subclass is defined (or found at install); the loader is profiled as it is (its
+            wait per batch)."""
+            own = vars(cls).get("__iter__")
+            if own is None or getattr(own, "_pipeprof_passes", False):
+                return
+            cls.__iter__ = passes(own, subclass=True)  # type: ignore[attr-defined]
+            self._undo.append(lambda: setattr(cls, "__iter__", own))
+
+        orig_subclass = DataLoader.__dict__.get("__init_subclass__")
+
+        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+            if orig_subclass is not None:
+                orig_subclass.__func__(cls, **kwargs)
+            else:
+                super(DataLoader, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+            own_iter(cls)
+
+        def subclasses(cls: type) -> Iterator[type]:
+            sub: type
+            for sub in cls.__subclasses__():
+                yield sub
+                yield from subclasses(sub)
+
+        for sub in list(subclasses(DataLoader)):
+            own_iter(sub)
+        DataLoader.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment,arg-type]
+        self._undo.append(
+            lambda: setattr(DataLoader, "__init_subclass__", orig_subclass)
+            if orig_subclass is not None
+            else delattr(DataLoader, "__init_subclass__")
+        )
+
         @functools.wraps(orig_init)  # its signature too: pipeprof's twin reads it
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(loader, *args, **kwargs)
             if not isinstance(loader.collate_fn, Collate):  # not pipeprof's own twin
                 run._remember_site(loader)
 
-        @functools.wraps(orig_iter)
-        def __iter__(loader: Any) -> Any:
-            if (
-                run.stopped
-                or run._local.inside
-                or os.getpid() != run.pid  # a process the script forked
-                or isinstance(loader.collate_fn, Collate)  # a twin, iterated by a Profiler
-            ):
-                return orig_iter(loader)
-            return run._pass(loader)
+        __iter__ = passes(orig_iter)
 
         backward: Any = torch.Tensor.backward
 
@@ -625,6 +691,27 @@ class Run:
             self._by_site[key] = entry
         return entry
 
+    def _snapshot(self) -> None:
+        """Save the main loop's session so far (NOTE [ Snapshots ] in profiler.py)."""
+        t0 = clock()
+        if not self._next_snapshot:  # the first batch: the first one a little later
+            self._next_snapshot = t0 + int(min(SNAPSHOT_FIRST_S, self.snapshot_s) * 1e9)
+            return
+        self._next_snapshot = t0 + int(self.snapshot_s * 1e9)
+        used = [e for e in self.loaders.values()
+                if e.prof is not None and e.session.loop and e.session.loop.steps]  # fmt: skip
+        if not used or os.getpid() != self.pid or self.snapshot_path is None:
+            return
+        main = max(used, key=lambda e: (not e.nested_in, e.session.loop.steps))
+        assert main.prof is not None
+        try:
+            main.prof.snapshot(self.snapshot_path, self._samplers, note=SNAPSHOT_NOTE)
+        except OSError as exc:  # the run goes on; the report at the end says why
+            self.snapshot_path = None
+            self.notes.append(f"the snapshots stopped: {exc} (the report at the end is whole)")
+        self.snapshot_ns += clock() - t0
+        main.session.costs["snapshot_ns"] = self.snapshot_ns
+
     def _unique(self, label: str) -> str:
         taken = {e.label for e in self.loaders.values()}
         base, n = label, 1
@@ -671,6 +758,8 @@ class Run:
                 if not self.stopped:
                     self.profiled += 1
                     self._maybe_start_nvml()
+                    if self.snapshot_path is not None and clock() >= self._next_snapshot:
+                        self._snapshot()
                     if self.batches is not None and self.profiled >= self.batches:
                         self.stop_profiling(f"--batches {self.batches} reached")
                         if self.on_stop is not None:

@@ -289,3 +289,164 @@ def test_a_worker_that_exits_or_raises_keeps_the_report(tmp_path, how, caught, s
     assert plain.stdout == ran.stdout
     assert "could not be written" not in ran.stderr, ran.stderr
     assert json.loads((tmp_path / "run.json").read_text())["loop"]["steps"] >= 4
+
+
+KILLED = """
+import os, signal, time
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return i
+if __name__ == "__main__":
+    t0 = time.monotonic()
+    for step, x in enumerate(DataLoader(Slow(), batch_size=2)):
+        if time.monotonic() - t0 > {kill_after}:
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_run_leaves_its_last_snapshot(tmp_path):
+    """Issue 37, item 6: SIGKILL (the OOM killer, a node failure) runs no handler; ``pipeprof
+    run`` saves a snapshot every --snapshot-s seconds, so the last one is left, marked partial."""
+    (tmp_path / "s.py").write_text(LOOP.format(before=KILLED.format(kill_after=3.0))
+                                   .split("print(sum(")[0])  # fmt: skip
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "--snapshot-s", "1",
+              "-o", "run.json", "s.py")  # fmt: skip
+    assert ran.returncode == -9
+    report = json.loads(
+        subprocess.run([sys.executable, "-m", "pipeprof", "report", "--format", "json",
+                        "run.json"], capture_output=True, text=True, cwd=tmp_path, env=env(),
+                       check=True).stdout)  # fmt: skip
+    assert report["interrupted"] is True and report["loop"]["steps"] >= 50
+    assert any("snapshot of a run still going" in n for n in report["notes"])
+    # with --snapshot-s 0, nothing is left
+    (tmp_path / "run.json").unlink()
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "--snapshot-s", "0",
+              "-o", "run.json", "s.py")  # fmt: skip
+    assert ran.returncode == -9 and not (tmp_path / "run.json").exists()
+
+
+def test_the_report_at_the_end_replaces_the_snapshots(tmp_path):
+    body = KILLED.replace("os.kill(os.getpid(), signal.SIGKILL)", "break").format(kill_after=2.0)
+    (tmp_path / "s.py").write_text(LOOP.format(before=body).split("print(sum(")[0])
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "--snapshot-s", "0.5",
+              "-o", "run.json", "s.py")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["interrupted"] is False
+    assert not any("snapshot" in n for n in data["notes"])
+    assert data["session"]["costs"]["snapshot_ns"] > 0  # snapshots were taken, and timed
+
+
+# ---- the fidelity matrix: the same script, plain and under pipeprof run ---------------------
+
+MATRIX = {
+    "normal": ("", 0),
+    "sys-exit": ("sys.exit(3)", 3),
+    "os-exit": ("sys.stdout.flush(); os._exit(5)", 5),
+    "stdin": ("print('read', [line.strip() for line in sys.stdin])", 0),
+    "argv-like-pipeprof": ("print('args', sys.argv[1:])", 0),
+    "writes-a-file": ("open('made.txt', 'w').write(str(total))", 0),
+}
+MATRIX_SCRIPT = """
+import os, sys
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+
+class Range(IterableDataset):
+    # the torch docs' worker_init_fn pattern: each worker narrows its copy's range
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+def split(worker_id):
+    info = get_worker_info()
+    ds = info.dataset
+    per = (ds.end - ds.start) // info.num_workers
+    ds.start, ds.end = ds.start + worker_id * per, ds.start + (worker_id + 1) * per
+
+
+if __name__ == "__main__":
+    total = 0
+    for ctx in ("fork", "spawn"):
+        mapped = DataLoader(torch.arange(24.0), batch_size=4, num_workers=2,
+                            multiprocessing_context=ctx)
+        rows = [b.tolist() for b in mapped]
+        ranged = DataLoader(Range(0, 16), batch_size=4, num_workers=2, worker_init_fn=split,
+                            multiprocessing_context=ctx)
+        items = sorted(int(x) for b in ranged for x in b)
+        print(ctx, rows, items)
+        total += int(sum(sum(r) for r in rows)) + sum(items)
+    {ending}
+"""
+
+
+@pytest.mark.parametrize("case", sorted(MATRIX))
+def test_the_fidelity_matrix(tmp_path, case):
+    """Issue 37: stdout, stderr, exit status, the batches item by item (printed) and the files
+    the script writes, plain against ``pipeprof run -q``; map-style and the torch docs'
+    ``worker_init_fn`` sharding, under fork and spawn workers."""
+    ending, status = MATRIX[case]
+    body = MATRIX_SCRIPT.replace("{ending}", ending)
+    args = ["-o", "x.json", "--batches", "3", "-q"] if case == "argv-like-pipeprof" else []
+    feed = "one\ntwo\n" if case == "stdin" else None
+    results = []
+    profiled = [sys.executable, "-m", "pipeprof", "run", "-q", "-o", "r.json"]
+    for where, cmd in (("plain", [sys.executable]), ("run", profiled)):
+        folder = tmp_path / where
+        folder.mkdir()
+        (folder / "s.py").write_text(body)
+        done = subprocess.run([*cmd, "s.py", *args], capture_output=True, text=True, cwd=folder,
+                              env=env(), input=feed, timeout=240)  # fmt: skip
+        made = {p.name: p.read_text() for p in folder.iterdir() if p.suffix == ".txt"}
+        results.append((done.returncode, done.stdout, done.stderr, made))
+    plain, ran = results
+    assert plain[0] == status, plain[2]
+    assert ran[:2] == plain[:2], ran[2]
+    assert ran[2] == plain[2]  # -q: pipeprof adds nothing to stderr
+    assert ran[3] == plain[3]
+    if case != "os-exit":  # os._exit runs no handler: only a snapshot could be left
+        assert json.loads((tmp_path / "run" / "r.json").read_text())["loop"]["steps"] >= 6
+
+
+STATEFUL = """
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+if __name__ == "__main__":
+    def make():
+        return StatefulDataLoader(torch.arange(48.0), batch_size=4, shuffle=True, num_workers=2,
+                                  generator=torch.Generator().manual_seed(0))
+    loader, seen = make(), []
+    for step, batch in enumerate(loader):
+        seen.append(batch.tolist())
+        if step == 4:
+            state = loader.state_dict()
+            break
+    again = make()
+    again.load_state_dict(state)
+    rest = [batch.tolist() for batch in again]
+    print(seen, rest)
+    print(sorted(x for b in seen + rest for x in b) == list(range(48)))
+"""
+
+
+def test_torchdatas_stateful_loader_is_profiled_and_resumes_as_plain(tmp_path):
+    """Issue 37: torchdata's StatefulDataLoader (a DataLoader subclass with its own __iter__)
+    was "no torch DataLoader" under pipeprof run. It is profiled as it is (its wait per
+    batch), its batches and a state_dict round trip as plain."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    (tmp_path / "s.py").write_text(STATEFUL)
+    plain = run(tmp_path, sys.executable, "s.py")
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "-o", "r.json", "s.py")
+    assert plain.returncode == ran.returncode == 0, ran.stderr
+    assert ran.stdout == plain.stdout and plain.stdout.rstrip().endswith("True")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["loop"]["steps"] >= 5
+    assert report["meta"]["loader"] == "StatefulDataLoader"

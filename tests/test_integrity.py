@@ -128,6 +128,31 @@ def test_a_stream_write_that_fails_later_warns_and_the_loop_goes_on(tmp_path):
     assert any("could not write" in note and "run.json" in note for note in report["notes"])
 
 
+def test_a_snapshot_of_a_long_run_keeps_the_latest_spans_and_says_it_is_partial(tmp_path):
+    """Issue 37, item 7: a stream flush wrote every span (up to 200,000, ~10 MB) on the
+    training thread; a snapshot keeps the latest SNAPSHOT_SPANS, whatever the run's length,
+    and the loop's end writes them all."""
+    from pipeprof.core.session import SNAPSHOT_SPANS
+
+    path = tmp_path / "run.json"
+    prof = pipeprof.Profiler(sample_hz=0, stream=str(path), flush_s=3600)
+    steps = SNAPSHOT_SPANS + 500  # a region span a step: more than a snapshot keeps
+    with prof:
+        for i in prof.wrap(range(steps)):
+            with prof.region("Forward"):
+                pass
+            if i == steps - 1:
+                prof.snapshot(str(path), note="still going")
+                snap = json.loads(path.read_text())["session"]
+    assert len(snap["spans"]) == SNAPSHOT_SPANS
+    assert snap["spans"][-1][1] == "region/Forward" and snap["interrupted"] is True
+    assert snap["notes"][-1] == "still going" and snap["loop"]["steps"] >= steps - 1
+    final = json.loads(path.read_text())["session"]  # the end: every span, not partial
+    assert len(final["spans"]) > SNAPSHOT_SPANS and final["interrupted"] is False
+    assert "still going" not in final["notes"]
+    assert pipeprof.load(path)["loop"]["steps"] == steps
+
+
 def test_the_users_exception_comes_out_even_when_the_final_save_fails(tmp_path):
     folder = tmp_path / "out"
     folder.mkdir()

@@ -288,7 +288,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``), between the
     loop's steps (``loop_s``, its CPU) and in ``Profiler()``, ``start`` and ``stop``
     (``control_s``), folding the records (``settle_s``), the sampler threads (``sampler_s``) and
-    building the profiled twin of a loader (``setup_s``).
+    building the profiled twin of a loader (``setup_s``) and the snapshots of a running loop
+    (``snapshot_s``: wall time on the loop's thread; NOTE [ Snapshots ] in profiler.py).
     ``estimated_fraction`` is their sum over the CPU time of the profiled processes (main and
     workers) when known."""
     costs = session.costs
@@ -346,7 +347,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     # the samplers' start (priming, the first sample) is once a run: not what sample_hz scales
     steady_sampler_s = max(0.0, sampler_s - costs.get("sampler_first_ns", 0) / 1e9)
     setup_s = costs.get("setup_ns", 0) / 1e9
-    cost_s = regions_s + main_s + loop_s + control_s + settle_s + sampler_s + setup_s
+    snapshot_s = costs.get("snapshot_ns", 0) / 1e9
+    cost_s = regions_s + main_s + loop_s + control_s + settle_s + sampler_s + setup_s + snapshot_s
     main_cpu = session.meta.get("main_cpu_ns")
     if isinstance(main_cpu, int) and main_cpu > 0:
         base_s = (main_cpu + sum(w.cpu_ns for w in session.workers.values())) / 1e9
@@ -376,6 +378,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "settle_s": round(settle_s, 6),
         "sampler_s": round(sampler_s, 6),
         "setup_s": round(setup_s, 6),
+        "snapshot_s": round(snapshot_s, 6),
         "estimated_s": round(cost_s, 6),
         "estimated_fraction": round(cost_s / base_s, 6) if base_s > 0 else None,
         "basis": basis,

@@ -228,11 +228,17 @@ def stage_phrase(stages: list[str], facts: dict[str, Any]) -> str:
 SATURATED = 0.8
 
 
+def _worker_rows(report: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """The loader's ``num_workers``, and the report's rows of its worker processes."""
+    n = (report.get("meta") or {}).get("num_workers") or 0
+    rows = [w for w in report.get("workers") or [] if str(w.get("track", "")).startswith("worker")]
+    return n, rows
+
+
 def workers_saturated(report: dict[str, Any], view: dict[str, Any]) -> float | None:
     """The workers' busy time per batch, over their number, as a share of the loop's time per
     step, where it reaches ``SATURATED`` (NOTE [ Capacity before hand-over ]); else None."""
-    n = (report.get("meta") or {}).get("num_workers") or 0
-    rows = [w for w in report.get("workers") or [] if str(w.get("track", "")).startswith("worker")]
+    n, rows = _worker_rows(report)
     batches = sum(w.get("batches") or 0 for w in rows)
     steps, wall = view.get("steps") or 0, view.get("wall_s") or 0.0
     if not (n and batches and steps and wall):
@@ -259,8 +265,7 @@ def workers_fill_cores(report: dict[str, Any], view: dict[str, Any], cores: int)
     """The share of the cores the workers' CPU fills at the loop's rate (of the cores this job
     gets beside other programs' busy processes, shared fairly), where there are more workers
     than cores and it reaches ``FILLED`` (NOTE [ Workers past the cores ]); else None."""
-    n = (report.get("meta") or {}).get("num_workers") or 0
-    rows = [w for w in report.get("workers") or [] if str(w.get("track", "")).startswith("worker")]
+    n, rows = _worker_rows(report)
     # a worker's first batch carries no CPU time (its start is not the pipeline's)
     counted = sum(w.get("batches") or 0 for w in rows) - len(rows)
     cpu = sum(w.get("cpu_s") or 0.0 for w in rows)

@@ -35,7 +35,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +44,9 @@ from pipeprof.core.stats import Stat
 
 SCHEMA_VERSION = 1
 SPAN_LIMIT = 200_000  # raw spans kept for traces (about 10 MB); aggregates are exact regardless
+# The latest spans a snapshot of a running loop keeps (``Session.save(spans=)``): what bounds its
+# cost whatever the run's length (NOTE [ Snapshots ] in profiler.py)
+SNAPSHOT_SPANS = 5_000  # and of the batch and step rings' records
 BATCH_LIMIT = 10_000  # recent per-batch records kept
 STEP_RING = 10_000  # recent loop steps kept for timelines
 SETTLE_EVENTS = 65_536  # pending records that start a background settle (about 1.5 MB)
@@ -101,7 +104,9 @@ class LoopRecord:
     # recent steps: [t_request_ns, wait_ns, transfer_ns, compute_ns, first_of_epoch]
     step_ring: deque[list[int]] = field(default_factory=lambda: deque(maxlen=STEP_RING))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, ring: int | None = None) -> dict[str, Any]:
+        """``ring``: only the step ring's latest that many records (a snapshot)."""
+        steps = self.step_ring if ring is None else _latest(self.step_ring, ring)
         return {
             "steps": self.steps,
             "epochs": self.epochs,
@@ -112,7 +117,7 @@ class LoopRecord:
             "regions": {k: v.to_dict() for k, v in self.regions.items()},
             "host_regions": {k: v.to_dict() for k, v in self.host_regions.items()},
             "replay": self.replay,
-            "step_ring": [list(r) for r in self.step_ring],
+            "step_ring": [list(r) for r in steps],
         }
 
     @classmethod
@@ -415,11 +420,33 @@ class Session:
 
     # ---- persistence --------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        with self.settled():
-            return self._to_dict()
+    def to_dict(self, spans: int | None = None) -> dict[str, Any]:
+        """The session as plain data; ``spans``: a snapshot (NOTE [ Snapshots ] in
+        profiler.py), with only the latest that many spans and of the rings' records, read
+        without folding the rest."""
+        if spans is None:
+            with self.settled():
+                return self._to_dict()
+        self.settle()
+        with self._lock:
+            return self._to_dict(self._latest_spans(spans), spans)
 
-    def _to_dict(self) -> dict[str, Any]:
+    def _latest_spans(self, n: int) -> list[tuple[str, str, int, int]]:
+        """The latest ``n`` spans, from the newest folds back and the ring's end, leaving both
+        as they are: what a snapshot reads costs O(n), however many spans the run holds."""
+        picked: list[tuple[str, str, int, int]] = []
+        for fold in reversed(self._span_chunks):
+            for track, path, starts, durs in fold:
+                picked.extend(zip(repeat(track), repeat(path), starts, durs))
+            if len(picked) >= n:
+                break
+        picked.extend(_latest(self.spans, n))
+        picked.sort(key=_start)
+        return picked[-n:]
+
+    def _to_dict(self, kept: Any = None, rings: int | None = None) -> dict[str, Any]:
+        """``kept``: the spans to write (all: None); ``rings``: the rings' latest records only."""
+        batches = self.batch_ring if rings is None else _latest(self.batch_ring, rings)
         return {
             "schema_version": SCHEMA_VERSION,
             "framework": self.framework,
@@ -442,9 +469,9 @@ class Session:
             "probe_warm": self.probe_warm.to_dict(),
             "batches": self.batches,
             "samples": self.samples,
-            "loop": self.loop.to_dict() if self.loop is not None else {},
-            "batch_ring": [list(b) for b in self.batch_ring],
-            "spans": [list(s) for s in self.spans],
+            "loop": self.loop.to_dict(rings) if self.loop is not None else {},
+            "batch_ring": [list(b) for b in batches],
+            "spans": [list(s) for s in (self.spans if kept is None else kept)],
             "events": self.events,
             "overhead_ns": self.overhead_ns,
             "costs": dict(self.costs),
@@ -529,9 +556,14 @@ class Session:
         s.spans.extend(tuple(r) for r in rows)  # type: ignore[misc]
         return s
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the session as JSON (atomically: a crash never leaves half a file)."""
-        return write_atomic(path, json.dumps({"session": self.to_dict()}))
+    def save(self, path: str | os.PathLike[str], spans: int | None = None,
+             note: str | None = None) -> Path:  # fmt: skip
+        """Write the session as JSON (atomically: a crash never leaves half a file); ``spans``:
+        only the latest that many spans; ``note``: one more note, in the file only."""
+        data = self.to_dict(spans)
+        if note:
+            data["notes"] = [*data["notes"], note]
+        return write_atomic(path, json.dumps({"session": data}))
 
 
 def merge_counts(into: dict[str, Any], add: dict[str, Any]) -> None:
@@ -556,6 +588,11 @@ def _copied(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _copied(v) for k, v in value.items()}
     return list(value) if isinstance(value, list) else value
+
+
+def _latest(ring: deque[Any], n: int) -> list[Any]:
+    """The last ``n`` records of ``ring``, in order (O(n), from its end)."""
+    return list(islice(reversed(ring), n))[::-1]
 
 
 def _start(span: tuple[str, str, int, int]) -> int:

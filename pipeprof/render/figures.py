@@ -249,7 +249,8 @@ def overhead_line(data: dict[str, Any]) -> str:
     for key, what in (("main_s", "bookkeeping in next()"), ("loop_s", "between steps"),
                       ("control_s", "start and stop"),
                       ("settle_s", "folding records"),
-                      ("sampler_s", "samplers"), ("setup_s", "set-up")):  # fmt: skip
+                      ("sampler_s", "samplers"), ("setup_s", "set-up"),
+                      ("snapshot_s", "snapshots")):  # fmt: skip
         if o.get(key):
             parts.append(f"{what} {num(o[key] * 1e3)} ms")
     return f"pipeprof's own work ≈ {pct(o.get('estimated_fraction'), 2)} {of} ({', '.join(parts)})"
