@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeprof.core.regions import region_class
+
 HIGH_WAIT = 0.20  # TensorFlow's profiler: "highly input-bound"
 MODERATE_WAIT = 0.05  # ... "moderately input-bound"; torch-tb-profiler's DataLoader > 5 %
 
@@ -60,7 +62,7 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
         # a DDP rank whose all-reduce took 65-68 % of every step was called input-bound on
         # its 6-10 % wait: the step's largest part that is not compute names the verdict
         "comm": "waited in gradient all-reduce and other collectives (exposed comm)",
-        "overhead": "ran non-compute regions (logging, callbacks)",
+        "overhead": _overhead_words(report["loop"]),
     }[part]
     saturated = workers_saturated(report, view)
     filled = workers_fill_cores(report, view, facts["cores"])
@@ -119,6 +121,25 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
         if filled is not None:  # their CPU fills the cores: they do not wait (rules.py)
             out["workers_cores"] = round(filled, 4)
     return out
+
+
+def _overhead_words(loop: dict[str, Any]) -> str:
+    """What the loop's non-compute time was: its largest named regions outside compute when
+    they hold most of it (a Lightning validation at each epoch's end was called "logging,
+    callbacks"), else the time outside the timed regions."""
+    total = loop.get("overhead_s") or 0.0
+    named = sorted(
+        ((k, r) for k, r in (loop.get("regions") or {}).items()
+         if region_class(k) == "overhead" and (r.get("total_s") or 0.0) >= total / 10),
+        key=lambda kr: -kr[1]["total_s"],
+    )[:2]  # fmt: skip
+    if total > 0 and named and sum(r["total_s"] for _, r in named) >= total / 2:
+        said = " and ".join(
+            f"{k} ({r['count']} call{'s' if r['count'] != 1 else ''}, {r['total_s']:.3g} s)"
+            for k, r in named
+        )
+        return f"ran {said} outside compute"
+    return "ran code outside compute (logging, callbacks, untimed work)"
 
 
 def _doubt(
