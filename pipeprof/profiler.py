@@ -24,6 +24,10 @@ from pipeprof.core.session import SNAPSHOT_SPANS, Session, check_writable
 from pipeprof.core.stats import Stat
 from pipeprof.report import Report
 
+# NOTE [ CPU training shares the cores ] (analyze/scenarios.py) reads the process's CPU time
+# while the loop computes: taken on the first CPU_EVERY steps of a pass and one in CPU_EVERY
+# after, scaled to every step (``Profiler.compute_cpu_ns``)
+CPU_EVERY = 8
 
 class Wrapped:
     """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) of the data.
@@ -142,9 +146,20 @@ class Profiler:
         # (start, end, the next step a start-up one, CPU ns between the records)
         self._gpu_events: list[tuple[Any, Any, bool, int]] = []
         self._stream_failed = False
-        self._compute_cpu_ns = 0  # the process's CPU time while the loop computed
+        # the process's CPU time while the loop computed, on one step in CPU_EVERY, and those
+        # steps' compute time; all steps' compute time: ``compute_cpu`` scales the first
+        self._compute_cpu_ns = 0
+        self._compute_cpu_wall_ns = 0
+        self._compute_wall_ns = 0
         self._comm: CommClock | None = None
         self.session.add_cost("control_ns", time.thread_time_ns() - cpu0)
+
+    def compute_cpu_ns(self) -> int:
+        """The process's CPU time while the loop computed, over every step: measured on one step
+        in CPU_EVERY, scaled to all of them by their compute time."""
+        if not self._compute_cpu_wall_ns:
+            return 0
+        return int(self._compute_cpu_ns * self._compute_wall_ns / self._compute_cpu_wall_ns)
 
     def _timer_sinks(self, timer: Timer) -> None:
         """CUDA events time the regions' figures; a step's split counts them by the CPU clock."""
@@ -203,7 +218,7 @@ class Profiler:
         s.end_ns = clock()
         s.meta["rank"] = ranks.current().to_dict()  # torch.distributed may be up by now
         s.meta["main_cpu_ns"] = time.process_time_ns() - self._cpu0
-        s.meta["compute_cpu_ns"] = self._compute_cpu_ns
+        s.meta["compute_cpu_ns"] = self.compute_cpu_ns()
         self._comm_meta()
         s.interrupted = s.interrupted or interrupted
         for sampler in self._samplers:
@@ -235,7 +250,7 @@ class Profiler:
         if self._running:
             self._collect_samplers()
             self.session.end_ns = clock()
-            self.session.meta["compute_cpu_ns"] = self._compute_cpu_ns
+            self.session.meta["compute_cpu_ns"] = self.compute_cpu_ns()
         return Report(self.session)
 
     # ---- regions --------------------------------------------------------------------------
@@ -333,28 +348,36 @@ class Profiler:
         nv_wait = nv is not None and getattr(source, "ranges", None) is None
         depth = 0  # the ranges this generator has open
         handed = 0  # when the last batch went to the user (0: none yet)
-        cpu_handed = 0  # the process's CPU time then (NOTE [ CPU training shares the cores ])
+        # the process's CPU time then, on one step in CPU_EVERY (0: not this one; NOTE [ CPU
+        # training shares the cores ]): reading it costs a system call, a microsecond
+        cpu_handed = 0
         gpu_start: Any = None
-        own_ns = 0  # this thread's CPU in the generator between the user's parts: loop_ns
+        timer = self.timer
+        # this generator's time between the user's parts (``loop_ns``), by the clock it reads
+        # anyway: a CPU clock costs a system call each read, four a step
+        own_ns = 0
         try:
             while True:
                 if handed:  # the step's compute ends; pipeprof's bookkeeping is in no part
                     t_end = clock()
-                    own_ns -= time.thread_time_ns()  # CPU, not wall: the workers preempt us
                     if depth:
                         nv.pop()
                         depth = 0
-                    self._compute_cpu_ns += time.process_time_ns() - cpu_handed
-                    gpu_start = self._gpu_mark(gpu_start, end=True, next_first=warmup > 0)
+                    if cpu_handed:
+                        self._compute_cpu_ns += time.process_time_ns() - cpu_handed
+                        self._compute_cpu_wall_ns += t_end - handed
+                    self._compute_wall_ns += t_end - handed
+                    if gpu_start is not None or timer._cuda or timer._auto:
+                        gpu_start = self._gpu_mark(gpu_start, end=True, next_first=warmup > 0)
                     if self._comm is not None:
                         self._comm.fold(log, handed, t_end)
                     log.end(handed, t_end)
                 if nv_wait:
                     nv.open("wait")
                     depth = 1
-                if handed:
-                    own_ns += time.thread_time_ns()
                 t_req = clock()
+                if handed:
+                    own_ns += t_req - t_end
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
                 try:
@@ -364,7 +387,6 @@ class Profiler:
                     ended = True
                     return
                 t_got = clock()
-                own_ns -= time.thread_time_ns()
                 if nv_wait:
                     nv.pop()
                     depth = 0
@@ -376,23 +398,29 @@ class Profiler:
                 warmup -= 1
                 if len(self._cached) < self.replay_batches:
                     self._cached.append(batch)
-                self._maybe_flush()
-                gpu_start = self._gpu_mark(None, end=False)
-                cpu_handed = time.process_time_ns()
+                if self.stream or (self._nvml is None and self.sample_hz):
+                    self._maybe_flush()
+                if timer._cuda or timer._auto:
+                    gpu_start = self._gpu_mark(None, end=False)
+                delivered += 1
+                sample = delivered <= CPU_EVERY or not delivered % CPU_EVERY
+                cpu_handed = time.process_time_ns() if sample else 0
                 if nv is not None:
                     nv.open("compute")
                     depth = 1
-                own_ns += time.thread_time_ns()
-                delivered += 1
                 handed = clock()
+                own_ns += handed - t_got
                 yield batch
         finally:
             if delivered == 1 and not ended:  # a peek: no epoch
                 log.record.epochs -= 1
-            self.session.add_cost("loop_ns", max(0, own_ns))  # < 0: an exception mid-step
+            self.session.add_cost("loop_ns", max(0, own_ns))
             if handed:
-                self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                 t_end = clock()
+                if cpu_handed:
+                    self._compute_cpu_ns += time.process_time_ns() - cpu_handed
+                    self._compute_cpu_wall_ns += t_end - handed
+                self._compute_wall_ns += t_end - handed
                 if self._comm is not None:
                     self._comm.fold(log, handed, t_end)
                 log.end(handed, t_end)

@@ -4,8 +4,9 @@ counts written out by hand.
 
 Each batch a profile yields, in order, gets an arm: ``"timed"`` (profiled, outside the
 comparison: the profile's first TIMED_FIRST batches, a short pass's, and a cold profiled one),
-``"on"`` (profiled, compared), ``"off"`` (fetched unprofiled, compared) or ``"cold"`` (fetched
-unprofiled, the first of a pass or of a worker: compared with none).
+``"on"`` (profiled, compared), ``"off"`` (fetched unprofiled, compared), ``"cold"`` (fetched
+unprofiled, the first of a pass or of a worker: compared with none) or ``"lean"`` (in the training
+process, fetched unprofiled on the short path, compared with none: NOTE [ The short path ]).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def arms(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) -> l
                     out.append("timed")
                 elif s % every == every // 2:
                     out.append("on" if i else "timed")
-                else:
-                    out.append("off" if i else "cold")
+                elif not i:
+                    out.append("cold")
+                else:  # the batch before each profiled one is compared; the others: lean
+                    out.append("off" if s % every == (every // 2 - 1) % every else "lean")
             else:  # each worker's rule, on its own count since its start
                 phase = seen // workers % every
                 first = -(-max(0, TIMED_FIRST - seen) // workers)
@@ -56,6 +59,7 @@ def counts(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) ->
     """How many batches of each arm (``arms``); ``"profiled"``: those whose stages were timed."""
     c = Counter(arms(passes, workers, every))
     c["profiled"] = c["timed"] + c["on"]
+    c["unprofiled"] = c["off"] + c["cold"] + c["lean"]
     return c
 
 

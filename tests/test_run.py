@@ -298,3 +298,54 @@ def test_transform_modules_in_the_fetch_are_the_pipeline_not_forward(tmp_path):
     assert slow["count"] == 64 and slow["mean_ms"] >= 1.9
     assert "transform/Normalize" in report["stages"]
     assert forward["total_s"] < 0.25 * slow["count"] * slow["mean_ms"] / 1000
+
+
+def test_the_step_regions_take_the_short_path_and_state_their_cost():
+    """NOTE [ Regions on a short path ] (runner.py): on the CPU clock, Forward, Backward and
+    Optimizer go to the pass's StepLog directly, each timed as it runs, and the report states
+    their cost (``overhead.step_regions_s``: their count times one region's cost)."""
+    import torch
+    from pipelines import spin
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pipeprof.runner import Run, step_region_ns
+
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(4, 2)
+
+        def forward(self, x):
+            spin(2.0)  # the injected Forward
+            return self.inner(x)
+
+    model = Slow()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(80, 4), torch.randint(0, 2, (80,)))
+    run = Run(sample_hz=0)
+    run.install()
+    short = []
+    try:
+        for x, y in DataLoader(data, batch_size=4):
+            short.append(run._log is not None)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        run.uninstall()
+    [(_, report)] = run.reports()
+    assert all(short) and len(short) == 20
+    loop = report["loop"]
+    regions = loop["regions"]
+    # one each a step: the inner Linear is inside Forward, not a region of its own
+    assert [regions[k]["count"] for k in ("Forward", "Backward", "Optimizer")] == [20, 20, 20]
+    assert regions["Forward"]["p50_ms"] == pytest.approx(2.0, rel=0.25)
+    assert loop["compute_s"] >= regions["Forward"]["total_s"]  # compute keys: in compute
+    each = step_region_ns()
+    assert 0 < each < 20_000
+    assert report["overhead"]["step_regions_s"] == pytest.approx(60 * each / 1e9, abs=1e-6)
+    assert "the step's Forward/Backward/Optimizer regions" in " ".join(
+        report.render("text").split()
+    )

@@ -111,7 +111,8 @@ def unprofiled_samples(session: Session, prefixes: tuple[str, ...] = ("ab", "abw
     """The samples of the batches fetched with the recorder off (NOTE [ Unprofiled batches ] in
     collect/torch/loader.py): in the training process (``ab``) and in the workers (``abw``)."""
     c = session.costs
-    return sum(c.get(f"{k}_{arm}_samples", 0) for k in prefixes for arm in ("off", "cold"))
+    arms = ("off", "cold", "lean")  # lean: NOTE [ The short path ] in collect/torch/loader.py
+    return sum(c.get(f"{k}_{arm}_samples", 0) for k in prefixes for arm in arms)
 
 
 def timed_batches(session: Session) -> int:
@@ -119,7 +120,8 @@ def timed_batches(session: Session) -> int:
     (NOTE [ Unprofiled batches ] in collect/torch/loader.py), in the training process and in
     the workers, the cold ones included."""
     c = session.costs
-    off = sum(c.get(f"{k}_{arm}_batches", 0) for k in ("ab", "abw") for arm in ("off", "cold"))
+    arms = ("off", "cold", "lean")
+    off = sum(c.get(f"{k}_{arm}_batches", 0) for k in ("ab", "abw") for arm in arms)
     return max(0, session.batches - off)
 
 
@@ -240,7 +242,7 @@ def unprofiled_ab(session: Session, prefix: str = "ab") -> dict[str, Any] | None
     process's CPU inside ``next()`` (all its threads), no workers; ``abw``: each worker's CPU
     for its batches."""
     c = session.costs
-    if not c.get(f"{prefix}_off_batches", 0):
+    if not (c.get(f"{prefix}_off_batches", 0) or c.get(f"{prefix}_lean_batches", 0)):
         return None
     arms = {}
     for arm in ("on", "off"):
@@ -348,7 +350,10 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     steady_sampler_s = max(0.0, sampler_s - costs.get("sampler_first_ns", 0) / 1e9)
     setup_s = costs.get("setup_ns", 0) / 1e9
     snapshot_s = costs.get("snapshot_ns", 0) / 1e9
+    # ``pipeprof run``'s Forward / Backward / Optimizer regions in the steps (runner.py)
+    step_regions_s = costs.get("step_regions_ns", 0) / 1e9
     cost_s = regions_s + main_s + loop_s + control_s + settle_s + sampler_s + setup_s + snapshot_s
+    cost_s += step_regions_s
     main_cpu = session.meta.get("main_cpu_ns")
     if isinstance(main_cpu, int) and main_cpu > 0:
         base_s = (main_cpu + sum(w.cpu_ns for w in session.workers.values())) / 1e9
@@ -374,6 +379,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "regions_s": round(regions_s, 6),
         "main_s": round(main_s, 6),
         "loop_s": round(loop_s, 6),
+        "step_regions_s": round(step_regions_s, 6),
         "control_s": round(control_s, 6),
         "settle_s": round(settle_s, 6),
         "sampler_s": round(sampler_s, 6),

@@ -41,6 +41,7 @@ from pipeprof.core.session import STEP_PARTS, LoopRecord, Session
 from pipeprof.core.stats import Stat
 
 FOLD_EVERY = 4096  # steps between folds of per-step values into Stats
+_SPAN_KEYS = {k: f"region/{k}" for k in ("Forward", "Backward", "Optimizer")}
 
 
 class StepLog:
@@ -70,6 +71,18 @@ class StepLog:
         self._pending_regions[key].append(duration_ns)
         self.session.spans.append(("main", f"region/{key}", start_ns, duration_ns))
         self.classify(key, start_ns, duration_ns)
+
+    def compute_region(self, key: str, start_ns: int, duration_ns: int) -> None:
+        """``region`` for a compute key (``Forward``, ``Backward``, ``Optimizer``: what ``pipeprof
+        run`` times in every step), on its short path: a compute region counts in no class, so
+        the regions nested in it are only taken off the stack (NOTE [ Regions on a short path ]
+        in runner.py)."""
+        self._pending_regions[key].append(duration_ns)
+        self.session.spans.append(("main", _SPAN_KEYS[key], start_ns, duration_ns))
+        closed = self._closed
+        while closed and closed[-1][0] >= start_ns:
+            closed.pop()
+        closed.append((start_ns, duration_ns))
 
     def region_timed(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A region's duration as its timer measured it (CUDA events: the GPU's, known after

@@ -247,6 +247,7 @@ def overhead_line(data: dict[str, Any]) -> str:
                 "against them, not above its error"
             )
     for key, what in (("main_s", "bookkeeping in next()"), ("loop_s", "between steps"),
+                      ("step_regions_s", "the step's Forward/Backward/Optimizer regions"),
                       ("control_s", "start and stop"),
                       ("settle_s", "folding records"),
                       ("sampler_s", "samplers"), ("setup_s", "set-up"),
