@@ -29,6 +29,7 @@ from pipeprof.report import Report
 # after, scaled to every step (``Profiler.compute_cpu_ns``)
 CPU_EVERY = 8
 
+
 class Wrapped:
     """What ``Profiler.wrap`` returns: each ``iter()`` is one timed pass (an epoch) of the data.
 

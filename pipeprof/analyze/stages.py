@@ -288,7 +288,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     instead: the CPU per sample of the profiled batches over the unprofiled ones
     (``unprofiled_batches``, see ``unprofiled_ab``).
     Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``), between the
-    loop's steps (``loop_s``, its CPU) and in ``Profiler()``, ``start`` and ``stop``
+    loop's steps (``loop_s``, by the clock) and in ``Profiler()``, ``start`` and ``stop``
     (``control_s``), folding the records (``settle_s``), the sampler threads (``sampler_s``) and
     building the profiled twin of a loader (``setup_s``) and the snapshots of a running loop
     (``snapshot_s``: wall time on the loop's thread; NOTE [ Snapshots ] in profiler.py).
