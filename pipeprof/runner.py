@@ -302,40 +302,8 @@ class Run:
         compiling = torch.compiler.is_compiling
         local = self._local
 
-        # Forward: the outermost Module call of the training step. A wrapper on Module.__call__
-        # costs an inner call about half a microsecond; torch's global forward hooks cost 7
-        # (they take every call off torch's fast path) and about 11 with the work a hook does
-        # (benchmarks/run_cost.py). A Module called while this thread fetches a batch
-        # (``local.inside``: the loader's ``next()``, so the dataset's ``__getitem__``, its
-        # transforms and collate with ``num_workers=0``) is the pipeline's, not the model: a
-        # torchvision transform is a Module, and each of its calls was a Forward of its own.
-        @functools.wraps(module_call)
-        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if run._depth or compiling():  # inside another Module, or traced by torch.compile
-                return module_call(module, *args, **kwargs)
-            if local.inside:  # a batch being fetched: a transform, timed as a stage
-                return module_call(module, *args, **kwargs)
-            log = run._log
-            if log is not None:
-                run.seen.add("Forward")
-                run._depth = 1
-                t0 = clock()
-                try:
-                    return module_call(module, *args, **kwargs)
-                finally:
-                    run._depth = 0
-                    log.compute_region("Forward", t0, clock() - t0)
-            timer = run._timer()
-            if timer is None:
-                return module_call(module, *args, **kwargs)
-            run.seen.add("Forward")
-            run._depth = 1
-            timer.start("Forward")
-            try:
-                return module_call(module, *args, **kwargs)
-            finally:
-                run._depth = 0
-                timer.end("Forward")
+        # Forward: the outermost Module call of the training step (``_forward``)
+        __call__ = functools.wraps(module_call)(_forward(run, local, module_call, compiling))
 
         handles = []
         if self.regions:
@@ -975,48 +943,75 @@ _STEP_REGIONS = ("Forward", "Backward", "Optimizer")
 _STEP_REGION_NS: list[float] = []
 
 
+def _forward(run: Any, local: _Local, module_call: Any, compiling: Any) -> Any:
+    """``Module.__call__`` with the Forward region: the outermost Module call of the training
+    step. A wrapper on Module.__call__ costs an inner call about half a microsecond; torch's
+    global forward hooks cost 7 (they take every call off torch's fast path) and about 11 with
+    the work a hook does (benchmarks/run_cost.py). A Module called while this thread fetches a
+    batch (``local.inside``: the loader's ``next()``, so the dataset's ``__getitem__``, its
+    transforms and collate with ``num_workers=0``) is the pipeline's, not the model: a
+    torchvision transform is a Module, and each of its calls was a Forward of its own. ``run``
+    is the Run (or, in ``step_region_ns``, what it reads of one)."""
+
+    def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+        if run._depth or compiling():  # inside another Module, or traced by torch.compile
+            return module_call(module, *args, **kwargs)
+        if local.inside:  # a batch being fetched: a transform, timed as a stage
+            return module_call(module, *args, **kwargs)
+        log = run._log
+        if log is not None:  # NOTE [ Regions on a short path ]
+            run.seen.add("Forward")
+            run._depth = 1
+            t0 = clock()
+            try:
+                return module_call(module, *args, **kwargs)
+            finally:
+                run._depth = 0
+                log.compute_region("Forward", t0, clock() - t0)
+        timer = run._timer()
+        if timer is None:
+            return module_call(module, *args, **kwargs)
+        run.seen.add("Forward")
+        run._depth = 1
+        timer.start("Forward")
+        try:
+            return module_call(module, *args, **kwargs)
+        finally:
+            run._depth = 0
+            timer.end("Forward")
+
+    return __call__
+
+
 def step_region_ns(calls: int = 2000) -> float:
     """Nanoseconds one Forward / Backward / Optimizer region costs a step on the short path
-    (NOTE [ Regions on a short path ]): a replica of the wrapper around a no-op, into a StepLog
-    of its own, against the bare no-op calls; the median of three runs, measured once a process
-    and kept (about 10 ms)."""
+    (NOTE [ Regions on a short path ]): the Forward wrapper itself around a no-op, into a
+    StepLog of its own, against the bare no-op calls; the median of three runs, measured once a
+    process and kept (a few ms)."""
     if _STEP_REGION_NS:
         return _STEP_REGION_NS[0]
     from pipeprof.core.session import Session
 
-    def noop() -> None:
+    def noop(module: Any) -> None:
         return None
 
-    class Host:
+    class Host:  # what the wrapper reads of a Run
         _depth = 0
         _log: StepLog | None = StepLog(Session())
         seen: set[str] = set()
 
-    host, local = Host(), _Local()
+    def never() -> bool:
+        return False
 
-    def wrapped() -> None:  # the Forward wrapper's short path, line for line
-        if host._depth or local.inside:
-            return noop()
-        log = host._log
-        if log is not None:
-            host.seen.add("Forward")
-            host._depth = 1
-            t0 = clock()
-            try:
-                return noop()
-            finally:
-                host._depth = 0
-                log.compute_region("Forward", t0, clock() - t0)
-        return noop()
-
+    wrapped = _forward(Host(), _Local(), noop, never)  # the Forward wrapper itself
     results = []
     for _ in range(3):
         t0 = clock()
         for _ in range(calls):
-            wrapped()
+            wrapped(None)
         t1 = clock()
         for _ in range(calls):
-            noop()
+            noop(None)
         results.append((2 * t1 - t0 - clock()) / calls)
     _STEP_REGION_NS.append(max(0.0, sorted(results)[1]))
     return _STEP_REGION_NS[0]

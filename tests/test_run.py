@@ -341,7 +341,7 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
     regions = loop["regions"]
     # one each a step: the inner Linear is inside Forward, not a region of its own
     assert [regions[k]["count"] for k in ("Forward", "Backward", "Optimizer")] == [20, 20, 20]
-    assert regions["Forward"]["p50_ms"] == pytest.approx(2.0, rel=0.25)
+    assert regions["Forward"]["min_ms"] >= 1.95  # each around the 2 ms it spins (preempted: more)
     assert loop["compute_s"] >= regions["Forward"]["total_s"]  # compute keys: in compute
     each = step_region_ns()
     assert 0 < each < 20_000
