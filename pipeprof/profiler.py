@@ -25,9 +25,13 @@ from pipeprof.core.stats import Stat
 from pipeprof.report import Report
 
 # NOTE [ CPU training shares the cores ] (analyze/scenarios.py) reads the process's CPU time
-# while the loop computes: taken on the first CPU_EVERY steps of a pass and one in CPU_EVERY
-# after, scaled to every step (``Profiler.compute_cpu_ns``)
-CPU_EVERY = 8
+# while the loop computes: taken on a pass's first CPU_FIRST steps and one in CPU_EVERY after,
+# scaled to every step (``Profiler.compute_cpu_ns``). On this project's VM a read of a CPU
+# clock right after a training step cost 8-53 µs (after a backward, after a matmul whose
+# intra-op thread ran on the other core), not the 1 µs it costs back to back: a read every
+# step was most of what the step split cost (docs/run.md)
+CPU_FIRST = 8
+CPU_EVERY = 64
 
 
 class Wrapped:
@@ -147,8 +151,8 @@ class Profiler:
         # (start, end, the next step a start-up one, CPU ns between the records)
         self._gpu_events: list[tuple[Any, Any, bool, int]] = []
         self._stream_failed = False
-        # the process's CPU time while the loop computed, on one step in CPU_EVERY, and those
-        # steps' compute time; all steps' compute time: ``compute_cpu`` scales the first
+        # the process's CPU time while the loop computed on the steps that read it (CPU_EVERY),
+        # those steps' compute time, and all steps' compute time: ``compute_cpu_ns`` scales
         self._compute_cpu_ns = 0
         self._compute_cpu_wall_ns = 0
         self._compute_wall_ns = 0
@@ -156,8 +160,8 @@ class Profiler:
         self.session.add_cost("control_ns", time.thread_time_ns() - cpu0)
 
     def compute_cpu_ns(self) -> int:
-        """The process's CPU time while the loop computed, over every step: measured on one step
-        in CPU_EVERY, scaled to all of them by their compute time."""
+        """The process's CPU time while the loop computed, over every step: measured on a few
+        (CPU_EVERY), scaled to all of them by their compute time."""
         if not self._compute_cpu_wall_ns:
             return 0
         return int(self._compute_cpu_ns * self._compute_wall_ns / self._compute_cpu_wall_ns)
@@ -349,8 +353,8 @@ class Profiler:
         nv_wait = nv is not None and getattr(source, "ranges", None) is None
         depth = 0  # the ranges this generator has open
         handed = 0  # when the last batch went to the user (0: none yet)
-        # the process's CPU time then, on one step in CPU_EVERY (0: not this one; NOTE [ CPU
-        # training shares the cores ]): reading it costs a system call, a microsecond
+        # the process's CPU time then, on a few steps (0: not this one; CPU_EVERY, NOTE [ CPU
+        # training shares the cores ])
         cpu_handed = 0
         gpu_start: Any = None
         timer = self.timer
@@ -404,7 +408,7 @@ class Profiler:
                 if timer._cuda or timer._auto:
                     gpu_start = self._gpu_mark(None, end=False)
                 delivered += 1
-                sample = delivered <= CPU_EVERY or not delivered % CPU_EVERY
+                sample = delivered <= CPU_FIRST or not delivered % CPU_EVERY
                 cpu_handed = time.process_time_ns() if sample else 0
                 if nv is not None:
                     nv.open("compute")

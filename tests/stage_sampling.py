@@ -14,7 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from pipeprof.collect.torch.loader import SAMPLE_MIN_BATCHES, TIMED_FIRST
+from pipeprof.collect.torch.loader import (
+    AB_PAIRS_EVERY,
+    AB_PAIRS_FIRST,
+    SAMPLE_MIN_BATCHES,
+    TIMED_FIRST,
+)
 from pipeprof.core.recorder import STAGE_EVERY
 
 PROFILED = ("timed", "on")
@@ -33,14 +38,18 @@ def arms(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) -> l
                 out.append("timed")
             elif not workers:  # the training process's rule, on the profile's count
                 s = seen + i
+                pos, on_at = s % every, every // 2
+                cycle = (s + (on_at - pos) % every - TIMED_FIRST) // every
+                paired = cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
                 if s < TIMED_FIRST:
                     out.append("timed")
-                elif s % every == every // 2:
-                    out.append("on" if i else "timed")
+                elif pos == on_at:
+                    out.append("on" if i and paired else "timed")
                 elif not i:
                     out.append("cold")
-                else:  # the batch before each profiled one is compared; the others: lean
-                    out.append("off" if s % every == (every // 2 - 1) % every else "lean")
+                else:  # the batch before a compared profiled one is compared; the others: lean
+                    compared = paired and pos == (on_at - 1) % every
+                    out.append("off" if compared else "lean")
             else:  # each worker's rule, on its own count since its start
                 phase = seen // workers % every
                 first = -(-max(0, TIMED_FIRST - seen) // workers)

@@ -100,12 +100,18 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 #
 # NOTE [ The short path ]
 # In the training process (num_workers=0) the CPU comparison needs only as many unprofiled
-# batches as profiled ones: the batch just before each profiled one is compared (arm "off"), and
-# the others (6 in 8) take a short path in ``ProfiledLoader.__iter__``: the recorder off, the
-# user's transforms back, two clock reads around ``next()`` and the batch's wait queued, no
-# recorder sink, no CPU clock (a system call, about a microsecond each), no merge. They count
-# as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py) and their
+# batches as profiled ones: the batch just before a profiled one is compared with it (arm
+# "off"). And it needs only so many pairs: each reads the process's CPU clock four times, which
+# right after a training step cost 8-53 µs a read on this project's VM (NOTE [ CPU training
+# shares the cores ] in profiler.py), so the pairs are the first AB_PAIRS_FIRST cycles of
+# ``stage_every`` batches and then one cycle in AB_PAIRS_EVERY; a profiled batch outside them
+# is profiled all the same, in no arm. Every other unprofiled batch takes a short path in
+# ``ProfiledLoader.__iter__``: the recorder off, the user's transforms back, two clock reads
+# around ``next()`` and the batch's wait queued; no recorder sink, no CPU clock, no merge. They
+# count as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py), their
 # bookkeeping in ``main_ns``. Not with NVTX ranges or a copy to the device to time.
+AB_PAIRS_FIRST = 8  # analyze/stages.py's AB_MIN_OFF: the comparison is used from 8 pairs on
+AB_PAIRS_EVERY = 4
 SAMPLE_MIN_BATCHES = 16
 TIMED_FIRST = 16  # the profile's first batches, all timed (at least 16, or all of a shorter one)
 FIRST = "first"  # a worker's batch's arm: one of the profile's first, profiled, compared with none
@@ -375,9 +381,11 @@ class Collate:
         probe_ns, warm_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
-        # packing's CPU, not its wall time: a worker preempted here (all cores busy) would count
-        # another process's milliseconds as pipeprof's
-        cpu0 = time.thread_time_ns()
+        # packing's CPU, not its wall time, in a worker: preempted here (all cores busy) it would
+        # count another process's milliseconds as pipeprof's. In the training process the clock
+        # it reads anyway: a CPU clock read there cost up to tens of µs (NOTE [ The short path ])
+        took = time.thread_time_ns if _CPU_MARK[0] else clock
+        cpu0 = took()
         payload = rec.drain()
         payload["end_ns"] = done
         payload["samples"] = 1 if self.per_sample else samples_to_collate(samples)
@@ -390,7 +398,7 @@ class Collate:
             self.described = True
             first = samples[0] if isinstance(samples, (list, tuple)) and samples else samples
             payload["sample_kinds"] = sample_kinds(first)
-        payload["cost_ns"] = time.thread_time_ns() - cpu0  # packing the records: pipeprof's own
+        payload["cost_ns"] = took() - cpu0  # packing the records: pipeprof's own
         return Carrier(batch, payload)
 
 
@@ -651,7 +659,11 @@ class ProfiledLoader:
                 later = sampled and self.seen >= TIMED_FIRST  # the profile's first all timed
                 pos = self.seen % every
                 off = later and pos != on_at
-                if off and lean and k >= 1 and pos != compared_at:
+                # the cycle of the profiled batch this one is or comes before (NOTE [ The short
+                # path ]): its pair compared or not
+                cycle = (self.seen + (on_at - pos) % every - TIMED_FIRST) // every
+                paired = cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
+                if off and lean and k >= 1 and not (paired and pos == compared_at):
                     # NOTE [ The short path ]: an unprofiled batch outside the comparison
                     rec.enabled = False
                     if swaps:
@@ -680,7 +692,7 @@ class ProfiledLoader:
                     yield carrier
                     continue
                 # the first batch is cold: compared with none
-                measure = later and k >= 1 and (not off or pos == compared_at)
+                measure = later and k >= 1 and paired and (not off or pos == compared_at)
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
                 before = rec.enter(mine)
