@@ -25,13 +25,15 @@ from pipeprof.core.stats import Stat
 from pipeprof.report import Report
 
 # NOTE [ CPU training shares the cores ] (analyze/scenarios.py) reads the process's CPU time
-# while the loop computes: taken on a pass's first CPU_FIRST steps and one in CPU_EVERY after,
-# scaled to every step (``Profiler.compute_cpu_ns``). On this project's VM a read of a CPU
-# clock right after a training step cost 8-53 µs (after a backward, after a matmul whose
-# intra-op thread ran on the other core), not the 1 µs it costs back to back: a read every
-# step was most of what the step split cost (docs/run.md)
-CPU_FIRST = 8
-CPU_EVERY = 64
+# while the loop computes: taken on a step when CPU_GAP_NS of the clock have passed since the
+# last step that took it (so every step of 20 ms or more, about one in 45 of 0.45 ms), scaled to
+# every step (``Profiler.compute_cpu_ns``). On this project's VM a read of a CPU clock right
+# after a training step cost 8-53 µs (after a backward, after a matmul whose intra-op thread ran
+# on the other core), not the 1 µs it costs back to back: a read every step was most of what
+# the step split cost (docs/run.md). Spread by time, the steps read are a fair sample of the
+# run's; a pass's first 8 steps alone were not: one step of a CPU model beside a busy worker
+# used 0.9-1.5 cores, and 8 of them read the mean off by more than the rules' margin
+CPU_GAP_NS = 20_000_000
 
 
 class Wrapped:
@@ -151,7 +153,7 @@ class Profiler:
         # (start, end, the next step a start-up one, CPU ns between the records)
         self._gpu_events: list[tuple[Any, Any, bool, int]] = []
         self._stream_failed = False
-        # the process's CPU time while the loop computed on the steps that read it (CPU_EVERY),
+        # the process's CPU time while the loop computed on the steps that read it (CPU_GAP_NS),
         # those steps' compute time, and all steps' compute time: ``compute_cpu_ns`` scales
         self._compute_cpu_ns = 0
         self._compute_cpu_wall_ns = 0
@@ -161,7 +163,7 @@ class Profiler:
 
     def compute_cpu_ns(self) -> int:
         """The process's CPU time while the loop computed, over every step: measured on a few
-        (CPU_EVERY), scaled to all of them by their compute time."""
+        (CPU_GAP_NS), scaled to all of them by their compute time."""
         if not self._compute_cpu_wall_ns:
             return 0
         return int(self._compute_cpu_ns * self._compute_wall_ns / self._compute_cpu_wall_ns)
@@ -353,9 +355,9 @@ class Profiler:
         nv_wait = nv is not None and getattr(source, "ranges", None) is None
         depth = 0  # the ranges this generator has open
         handed = 0  # when the last batch went to the user (0: none yet)
-        # the process's CPU time then, on a few steps (0: not this one; CPU_EVERY, NOTE [ CPU
+        # the process's CPU time then, on a few steps (0: not this one; CPU_GAP_NS, NOTE [ CPU
         # training shares the cores ])
-        cpu_handed = 0
+        cpu_handed = cpu_last = 0  # cpu_last: when a step last read it
         gpu_start: Any = None
         timer = self.timer
         # this generator's time between the user's parts (``loop_ns``), by the clock it reads
@@ -408,12 +410,13 @@ class Profiler:
                 if timer._cuda or timer._auto:
                     gpu_start = self._gpu_mark(None, end=False)
                 delivered += 1
-                sample = delivered <= CPU_FIRST or not delivered % CPU_EVERY
-                cpu_handed = time.process_time_ns() if sample else 0
+                cpu_handed = time.process_time_ns() if t_got - cpu_last >= CPU_GAP_NS else 0
                 if nv is not None:
                     nv.open("compute")
                     depth = 1
                 handed = clock()
+                if cpu_handed:
+                    cpu_last = handed
                 own_ns += handed - t_got
                 yield batch
         finally:

@@ -327,6 +327,22 @@ def test_the_profilers_own_setup_is_counted_as_its_cost():
     assert prof.report()["overhead"]["control_s"] * 1e9 >= made
 
 
+def test_the_computes_cpu_time_is_read_on_steps_spread_over_the_run():
+    """NOTE [ CPU training shares the cores ] reads the process's CPU time on a few steps and
+    scales it: the first 10 steps here sleep and the last 30 burn a core, so a reading of the
+    first steps alone says no core is used. Spread by time, it reads about 3/4 of one."""
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for i, _ in enumerate(prof.wrap(DataLoader(CostDataset(40), batch_size=1))):
+            if i < 10:
+                time.sleep(0.025)
+            else:
+                spin(25)
+    report = prof.report().to_dict()
+    busy = report["meta"]["compute_cpu_ns"] / 1e9 / report["loop"]["compute_s"]
+    assert 0.6 < busy < 0.9, busy
+
+
 class OnlyWhileProfiled:
     """Burns 200 µs of this thread's CPU a sample, but only while pipeprof records: a cost of
     profiling whose size is known."""
