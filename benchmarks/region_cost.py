@@ -63,17 +63,39 @@ HOT: list[tuple[str, str, str]] = [
     ("open_close", "rec.close(rec.open('region'))", "(a) Recorder.open + Recorder.close"),
     ("timed_call", "timed_call1('region', noop, x)", "(b) timed_call1(path, noop, x), enabled"),
     ("timed_wrapper", "wrapped(x)", "(b) Timed(noop, path)(x): a wrapped transform, enabled"),
+    ("plain_obj", "plain_obj(x)", "an object whose __call__ is the no-op (baseline for in place)"),
+    ("timed_obj", "timed_obj(x)", "(b) Timed(that object, path)(x): its stand-in, enabled"),
+    ("in_place", "marked(x)", "(b) that object timed in place, enabled, inside a stage"),
+    ("in_place_off", "marked(x)", "(b) that object timed in place, no profile active"),
     ("timed_call_off", "timed_call1('region', noop, x)", "(b) timed_call1, no profile active"),
     ("stage", "with stage('region'):\n    pass", "(c) with pipeprof.stage(name), enabled"),
     ("stage_off", "with stage('region'):\n    pass", "(c) with pipeprof.stage(name), disabled"),
     ("stage_fn", "decorated(x)", "(c) @pipeprof.stage(name) on noop, called, enabled"),
 ]
-ENABLED = {"open_close", "timed_call", "timed_wrapper", "stage", "stage_fn"}
+ENABLED = {
+    "open_close", "timed_call", "timed_wrapper", "timed_obj", "in_place", "stage", "stage_fn"
+}
+
+
+class NoopCall:
+    """A transform whose call is the no-op."""
+
+    def __call__(self, x: Any = None) -> Any:
+        return x
+
+
+class NoopMarked(NoopCall):
+    """The same, its class's own call timed in place (NOTE [ Transforms timed in place ])."""
+
+    def __call__(self, x: Any = None) -> Any:
+        return x
 
 
 def _hot_namespace() -> dict[str, Any]:
-    from pipeprof.collect.torch.dataset import Timed
+    from pipeprof.collect.torch.dataset import Timed, apply_marks
 
+    marked = NoopMarked()
+    apply_marks([(marked, "transform/noop", None)])
     rec = Recorder()
     rec.enabled = True
     return {
@@ -85,6 +107,9 @@ def _hot_namespace() -> dict[str, Any]:
         "timed_call1": timed_call1,
         "stage": pipeprof.stage,
         "wrapped": Timed(noop, "transform/noop"),
+        "plain_obj": NoopCall(),
+        "timed_obj": Timed(NoopCall(), "transform/noop"),
+        "marked": marked,
         "decorated": pipeprof.stage("region")(noop),
     }
 
@@ -95,9 +120,12 @@ def _run_hot(name: str, stmt: str, ns: dict[str, Any], number: int) -> float:
     glob.enabled = name in ENABLED
     glob.reset("main")
     ns["rec"].raw.clear()
+    frame = glob.open("load") if name == "in_place" else None  # a profiled batch's fetch
     try:
         return timeit.Timer(stmt, globals=ns).timeit(number)  # gc off inside, as timeit does
     finally:
+        if frame is not None:
+            glob.discard(frame)
         glob.enabled = False
         glob.reset("main")
         ns["rec"].raw.clear()
@@ -257,6 +285,10 @@ def run(reps: int, number: int, drains: int, verbose: bool = True) -> dict[str, 
     per_rep["timed_wrapper_added"] = [
         a - b for a, b in zip(per_rep["timed_wrapper"], per_rep["noop_direct"])
     ]
+    for case in ("timed_obj", "in_place", "in_place_off"):
+        per_rep[f"{case}_added"] = [
+            a - b for a, b in zip(per_rep[case], per_rep["plain_obj"])
+        ]
     per_rep["timed_call_off_added"] = [
         a - b for a, b in zip(per_rep["timed_call_off"], per_rep["noop_direct"])
     ]
@@ -320,6 +352,9 @@ ROWS = [
     ("timed_call_added", "timed_call1 (hot path)"),
     ("timed_call_total", "timed_call1 + drain share"),
     ("timed_wrapper_added", "Timed wrapper (a transform)"),
+    ("timed_obj_added", "Timed stand-in of an object"),
+    ("in_place_added", "in place (a transform object)"),
+    ("in_place_off_added", "in place, profile off"),
     ("timed_call_off_added", "timed_call1, profile off"),
     ("(c) pipeprof.stage", None),
     ("stage", "with stage(): (hot path)"),

@@ -104,6 +104,75 @@ def test_a_worker_sees_the_users_own_dataset_and_transform(ctx):
     assert stages["load"]["count"] == 8 and stages["transform"]["count"] == 8
 
 
+class AddTwo(AddOne):
+    """A subclass whose call goes through its parent's: one stage, timed once."""
+
+    def __call__(self, x: int) -> int:
+        return super().__call__(x) + 1
+
+
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class Checked(Dataset):
+    """Sample i is (i + 2) * 2 + 1 when ``__getitem__`` sees its transforms as the user made them
+    (``type()``, identity, ``vars()``), and -1 when it does not."""
+
+    def __init__(self, v2: bool = False) -> None:
+        from torchvision import transforms
+
+        if v2:  # an nn.Module, its steps too
+            from torchvision.transforms import v2 as transforms  # type: ignore[no-redef]
+        self.transform = AddTwo()
+        self.target_transform = transforms.Compose([double, transforms.Lambda(lambda x: x + 1)])
+        self.made = (id(self.transform), id(self.target_transform))  # this process's objects
+        self.compose = type(self.target_transform)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        seen = [
+            type(self.transform) is AddTwo,
+            type(self.transform).__name__ == "AddTwo",
+            vars(self.transform) == {},
+            type(self.target_transform) is self.compose,
+            type(self.target_transform.transforms) is list,
+            self.target_transform.transforms[0] is double,
+            get_worker_info() is not None  # a worker's copy, else the very objects
+            or (id(self.transform), id(self.target_transform)) == self.made,
+        ]
+        if not all(seen):
+            return torch.tensor(-1)
+        return self.target_transform(torch.tensor(self.transform(i)))
+
+
+@pytest.mark.parametrize(
+    "workers,ctx,v2", [(0, None, False), (2, "fork", False), (2, "spawn", False), (2, "fork", True)]
+)
+def test_getitem_sees_the_users_own_transforms_while_they_are_timed(workers, ctx, v2):
+    """Issue 37: inside ``__getitem__`` of a timed batch, ``type(self.transform)`` was pipeprof's
+    stand-in. Transforms are timed in place (NOTE [ Transforms timed in place ]): the dataset
+    sees its own objects in every batch, and each is still its own stage, a function inside a
+    Compose (torchvision's v1 or v2) too, a subclass's call through its parent's counted once."""
+    loader = DataLoader(Checked(v2), batch_size=2, num_workers=workers,
+                        multiprocessing_context=ctx)  # fmt: skip
+    if ctx == "spawn":  # a lambda does not travel to a spawned worker
+        loader.dataset.target_transform.transforms[1] = double
+    plain = [b.tolist() for b in loader]
+    assert all(x != -1 for b in plain for x in b)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        profiled = [b.tolist() for b in prof.wrap(loader)]
+    assert profiled == plain
+    stages = prof.report().to_dict()["stages"]
+    steps = ["transform/AddTwo", "transform/target_transform/double"]
+    steps.append("transform/target_transform/double#2" if ctx == "spawn"
+                 else "transform/target_transform/Lambda")  # fmt: skip
+    assert all(stages[s]["count"] == 8 for s in steps), {k: v["count"] for k, v in stages.items()}
+
+
 # ---- stream files -----------------------------------------------------------------------------
 
 

@@ -407,12 +407,12 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
 
 
 class SeesItsTransform(CostDataset):
-    """Notes the type of the transform it calls, per sample (``type()``: a stand-in shows)."""
+    """Notes, per sample, whether its transform was timed (the recorder on) or ran plain."""
 
     seen: list[str] = []
 
     def __getitem__(self, i):
-        self.seen.append(type(self.transform).__name__)
+        self.seen.append("Timed" if recorder().enabled else type(self.transform).__name__)
         return super().__getitem__(i)
 
 

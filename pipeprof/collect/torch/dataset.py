@@ -1,4 +1,5 @@
-"""Timed stand-ins for a dataset's transforms and loader, one stage per transform.
+"""A dataset's transforms and loader timed, one stage per transform: in place where they are
+objects of Python classes (NOTE [ Transforms timed in place ]), by stand-ins elsewhere.
 
 Everything here is a module-level, picklable class so that a dataset copy carrying these wrappers
 travels to ``spawn`` and ``forkserver`` workers. The wrappers call exactly what the originals would
@@ -15,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeprof.core.recorder import clock, recorder, stage_call1, timed_call, timed_call1
+
+_REC = recorder()
 
 # A dataset reaches its transforms through these attributes (torchvision's VisionDataset
 # convention); ``loader`` is DatasetFolder's path -> sample function.
@@ -141,7 +144,7 @@ def _children(fn: Any) -> tuple[list[Any], bool] | None:
     if (
         cls.__name__ == "Sequential"
         and mod.startswith("torch.nn")
-        and type(fn).forward is _seq_forward()
+        and _original(cls, "forward") is _seq_forward()
     ):
         return list(fn), False
     return None
@@ -150,7 +153,152 @@ def _children(fn: Any) -> tuple[list[Any], bool] | None:
 def _seq_forward() -> Any:
     from torch import nn
 
-    return nn.Sequential.forward
+    return _original(nn.Sequential, "forward")
+
+
+# NOTE [ Transforms timed in place ]
+# A transform that is an instance of a Python class is timed where it is: the method its calls
+# reach (``__call__``; a v2 transform's ``forward``) is wrapped once a process on the class
+# that defines it (``_hook``), and the wrapper times the instances marked in this process
+# (``_MARKED``, by id; each entry holds its object, so the id stays its own), while the recorder
+# is on and the thread is inside a stage (``load``: a profiled batch's fetch). Any other call,
+# another instance, the user's own code in the training process, an unprofiled batch, goes
+# straight to the original (a dict look-up and two attribute reads). So ``self.transform`` in
+# ``__getitem__`` is the user's object: ``type()``, identity and ``vars()`` answer as plain. A
+# torchvision Compose (v1, v2) is marked as a chain: its wrapper calls its steps, each timed as
+# its own stage, functions among them too. A marked call inside its own stage (a subclass's
+# ``super().__call__``) is not timed twice. Functions, bound methods, partials and classes whose
+# method is not Python's keep a stand-in (``Timed``), and so do ``nn.Module``s but torchvision's
+# v2 transforms: a model holds such classes too (``nn.Sequential``, v1's ``Normalize``), and
+# ``torch.jit.script`` of it must not meet a wrapper of pipeprof's. The marks are
+# made in the training process when the loader is built, and again in a spawned worker
+# (``apply_marks`` from ``WorkerInit``), where the dataset and the marks arrive in one pickle.
+# A class stays wrapped for the process's life; its instances not marked pay the look-up.
+Mark = tuple[Any, str, Any]  # (the user's object, its stage path or chain prefix, chain or not)
+_MARKED: dict[int, list[Any]] = {}  # id -> [object, path, bound original | chain steps, multi]
+_ORIGINAL: dict[Any, Any] = {}  # wrapper -> the function it wraps
+
+
+def _original(cls: type, name: str) -> Any:
+    """``cls``'s ``name`` as the class defined it (under a wrapper of pipeprof's, if any)."""
+    fn = getattr(cls, name, None)
+    return _ORIGINAL.get(fn, fn)
+
+
+def _hook(fn: Any) -> tuple[type, str] | None:
+    """Where ``fn``'s calls can be timed in place: the class in its MRO that defines the method
+    they reach, and that method's name; None for a function, a method, a partial or a class
+    whose method is not a Python function."""
+    cls = type(fn)
+    if isinstance(fn, (type, types.FunctionType, types.MethodType, functools.partial)):
+        return None
+    module = any(k.__name__ == "Module" and k.__module__ == "torch.nn.modules.module"
+                 for k in cls.__mro__)  # fmt: skip
+    name = "forward" if module else "__call__"
+    for k in cls.__mro__:
+        if name in k.__dict__:
+            method = _ORIGINAL.get(k.__dict__[name], k.__dict__[name])
+            if k is object or not isinstance(method, types.FunctionType):
+                return None
+            if module and not k.__module__.startswith("torchvision.transforms.v2"):
+                return None  # a class models use too (TorchScript would meet the wrapper)
+            return k, name
+    return None
+
+
+def _wrap_method(cls: type, name: str) -> bool:
+    """Wrap ``cls.name`` (once a process) to time the instances marked; False if it cannot be."""
+    current = cls.__dict__[name]
+    if current in _ORIGINAL:
+        return True
+    orig = current
+
+    @functools.wraps(orig)
+    def timed(self: Any, x: Any = _NONE, /, *args: Any, **kwargs: Any) -> Any:
+        if _REC.enabled:
+            mark = _MARKED.get(id(self))
+            if mark is not None and mark[0] is self:
+                inside = _REC._local.st.path  # ``innermost``, less a property's frame
+                if inside is not None and inside != mark[1]:
+                    if mark[3] is not None:  # a chain
+                        return _run_chain(self, mark, orig, _args(x, args), kwargs)
+                    if x is _NONE or args or kwargs:
+                        return timed_call(mark[1], mark[2], *_args(x, args), **kwargs)
+                    return timed_call1(mark[1], mark[2], x)
+        if x is _NONE or args or kwargs:
+            return orig(self, *_args(x, args), **kwargs)
+        return orig(self, x)
+
+    try:
+        setattr(cls, name, timed)
+    except (TypeError, AttributeError):
+        return False
+    _ORIGINAL[timed] = orig
+    return True
+
+
+_NONE: Any = object()  # no positional argument
+
+
+def _args(x: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return args if x is _NONE else (x, *args)
+
+
+def _run_chain(obj: Any, mark: list[Any], orig: Any, args: Any, kwargs: Any) -> Any:
+    """A marked Compose's call, each step its own stage (see ``TimedChain``); its steps read
+    now, so one a ``worker_init_fn`` added is timed too."""
+    multi = mark[3]
+    if kwargs or (len(args) != 1 and not (multi and args)):
+        return orig(obj, *args, **kwargs)
+    now = obj.transforms
+    steps = mark[2]
+    if len(now) != len(steps) or any(a is not b for a, (_, b) in zip(now, steps)):
+        steps = mark[2] = [(_unique(mark[1], t, now[:i]), t) for i, t in enumerate(now)]
+    if len(args) == 1:
+        x = args[0]
+        for path, fn in steps:
+            x = timed_call1(path, fn, x)
+        return x
+    inputs: Any = args
+    for path, fn in steps:
+        inputs = timed_call(path, fn, *inputs)
+    return inputs
+
+
+def apply_marks(marks: Sequence[Mark]) -> None:
+    """Time the objects ``marks`` names in place, in this process (NOTE above)."""
+    for obj, path, chain in marks:
+        hook = _hook(obj)
+        if hook is None or not _wrap_method(*hook):
+            continue
+        cls, name = hook
+        bound = types.MethodType(_ORIGINAL[cls.__dict__[name]], obj)
+        if chain is None:
+            _MARKED[id(obj)] = [obj, path, bound, None]
+        else:
+            steps = _children(obj)
+            if steps is not None:
+                _MARKED[id(obj)] = [obj, path, [], steps[1]]
+
+
+def mark_transform(fn: Any, prefix: str, marks: list[Mark]) -> Any:
+    """``fn`` itself where it can be timed in place (added to ``marks``), else a stand-in
+    (``wrap_transform``); a list of them stays the user's own where each element can."""
+    if isinstance(fn, (list, tuple)) and all(callable(t) for t in fn):
+        each = [mark_transform(t, _unique(prefix, t, fn[:i]), marks) for i, t in enumerate(fn)]
+        if all(a is b for a, b in zip(each, fn)):
+            return fn
+        return TimedList(each)
+    hook = _hook(fn)
+    if hook is None or not _wrap_method(*hook):
+        return wrap_transform(fn, prefix)
+    parts = _children(fn)
+    if parts is None:
+        path = prefix if prefix != "transform" else f"transform/{name_of(fn)}"
+        marks.append((fn, path, None))
+    else:
+        marks.append((fn, prefix, parts[1]))
+    return fn
 
 
 def wrap_transform(fn: Any, prefix: str) -> Any:
@@ -254,10 +402,14 @@ def twin_dataset(
     for attr in TRANSFORM_ATTRS:
         fn = _bound_to(getattr(src, attr, None), dataset, src)
         if fn is not None and (callable(fn) or isinstance(fn, (list, tuple))):
-            changes[attr], plain[attr] = wrap(PREFIX[attr], fn), fn
+            timed = wrap(PREFIX[attr], fn)
+            if timed is not fn:  # else timed in place (NOTE [ Transforms timed in place ])
+                changes[attr], plain[attr] = timed, fn
     joint = _bound_to(getattr(src, "transforms", None), dataset, src)
     if joint is not None and callable(joint):
-        changes["transforms"], plain["transforms"] = _wrap_joint(joint, changes, wrap), joint
+        timed = _wrap_joint(joint, changes, wrap)
+        if timed is not joint:
+            changes["transforms"], plain["transforms"] = timed, joint
     loader = _bound_to(getattr(src, "loader", None), dataset, src)
     if wrap_loader and callable(loader) and isinstance(getattr(src, "samples", None), list):
         changes["loader"], plain["loader"] = wrap_loader(loader), loader
@@ -288,11 +440,18 @@ def twin_dataset(
     return twin, notes
 
 
-def instrument_dataset(dataset: Any, swaps: list[Swap] | None = None) -> tuple[Any, list[str]]:
+def instrument_dataset(
+    dataset: Any, swaps: list[Swap] | None = None, marks: list[Mark] | None = None
+) -> tuple[Any, list[str]]:
     """The dataset the profiled loader reads: each transform a stage, the loader split into
-    ``load/read`` and ``load/decode`` where it can be (see ``twin_dataset``, and its ``swaps``)."""
-    wrap: Wrap = lambda prefix, fn: wrap_transform(fn, prefix)
-    return twin_dataset(dataset, wrap, _wrap_loader, swaps=swaps)
+    ``load/read`` and ``load/decode`` where it can be (see ``twin_dataset``, and its ``swaps``).
+    Transforms timed in place are added to ``marks`` and marked in this process (NOTE
+    [ Transforms timed in place ])."""
+    made: list[Mark] = [] if marks is None else marks
+    wrap: Wrap = lambda prefix, fn: mark_transform(fn, prefix, made)
+    out = twin_dataset(dataset, wrap, _wrap_loader, swaps=swaps)
+    apply_marks(made)
+    return out
 
 
 def _bound_to(fn: Any, dataset: Any, twin: Any) -> Any:
@@ -306,6 +465,8 @@ def _bound_to(fn: Any, dataset: Any, twin: Any) -> Any:
 def _wrap_joint(joint: Any, changes: dict[str, Any], wrap: Wrap) -> Any:
     """VisionDataset's ``transforms``: a StandardTransform over the wrapped parts, or a chain."""
     if type(joint).__name__ == "StandardTransform":
+        if not any(attr in changes for attr in TRANSFORM_ATTRS):
+            return joint  # its parts are timed in place
         twin = copy.copy(joint)
         for attr in TRANSFORM_ATTRS:
             if attr in changes:
@@ -314,4 +475,12 @@ def _wrap_joint(joint: Any, changes: dict[str, Any], wrap: Wrap) -> Any:
     return wrap("transform", joint)
 
 
-__all__ = ["clock", "instrument_dataset", "name_of", "twin_dataset", "wrap_transform"]
+__all__ = [
+    "apply_marks",
+    "clock",
+    "instrument_dataset",
+    "mark_transform",
+    "name_of",
+    "twin_dataset",
+    "wrap_transform",
+]

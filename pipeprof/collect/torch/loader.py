@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import hdf5
-from pipeprof.collect.torch.dataset import instrument_dataset
+from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
 from pipeprof.core.batch import batch_nbytes, batch_size, sample_kinds, samples_to_collate
 from pipeprof.core.recorder import (
     PROBE_CAP_NS,
@@ -430,15 +430,20 @@ class WorkerInit:
         nvtx: bool = False,
         probe_base: int | None = None,
         swaps: list[Any] | None = None,
+        marks: list[Any] | None = None,
     ) -> None:
         self.fn = fn
         self.h5 = h5
         self.nvtx = nvtx
         self.probe_base = probe_base
         self.swaps = swaps or []  # the same list as the Collate's (one pickle, spawned workers)
+        # the transforms timed in place, with the dataset in that pickle (NOTE [ Transforms
+        # timed in place ] in collect/torch/dataset.py)
+        self.marks = marks or []
 
     def __call__(self, worker_id: int) -> None:
         _install_fetcher()  # a spawned worker: before torch makes its fetcher
+        apply_marks(self.marks)  # a spawned worker's objects (a fork's are marked already)
         rec = recorder()
         rec.reset(f"worker{worker_id}")
         if self.probe_base is not None:
@@ -489,7 +494,8 @@ def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, li
     (``nvtx``: the workers emit NVTX ranges too)."""
     _install_fetcher()  # NOTE [ The user's own dataset ]
     swaps: list[Any] = []
-    dataset, notes = instrument_dataset(loader.dataset, swaps)
+    marks: list[Any] = []  # NOTE [ Transforms timed in place ] in collect/torch/dataset.py
+    dataset, notes = instrument_dataset(loader.dataset, swaps, marks)
     if isinstance(loader.dataset, IterableDataset):
         kwargs: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
     else:
@@ -508,7 +514,7 @@ def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, li
     kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample, swaps)
     base = probe_base() if kwargs.get("num_workers") else None  # measured here, once a process
     kwargs["worker_init_fn"] = WorkerInit(
-        loader.worker_init_fn, "h5py" in sys.modules, nvtx, base, swaps
+        loader.worker_init_fn, "h5py" in sys.modules, nvtx, base, swaps, marks
     )
     return DataLoader(dataset, **kwargs), notes
 
