@@ -338,14 +338,23 @@ class Profiler:
             )
         return GenericSource(data, self.session)
 
-    def _steps(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
+    def _steps(
+        self, source: Iterable[Any], moves: bool, opened: Iterator[Any] | None = None,
+        t_open: int = 0,
+    ) -> Iterator[Any]:  # fmt: skip
+        """One pass over ``source``, timed step by step; ``opened``: the pass, begun at
+        ``t_open`` (its first step's wait is from then: ``pipeprof run``'s ``iter()``)."""
         log = self._steps_log
         # a pass is an epoch from its start (h5py's reads after the first epoch are kept apart
         # by it), but one left after its first batch is a peek (next(iter(loader)) for shapes),
         # and is taken back when it closes; its step still counts
         log.record.epochs += 1
         delivered, ended = 0, False
-        it = iter(source)
+        if opened is None:
+            t_open = clock()  # a ProfiledLoader's pass begins in iter(): its workers start
+            it = iter(source)
+        else:
+            it = opened
         warmup = getattr(source, "warmup_steps", 1)  # steps until every worker delivered once
         # A ProfiledLoader says how long its own bookkeeping took inside next() (never the
         # user's wait) and how long each batch kept the loop starved (NOTE [ Wait, split ])
@@ -385,6 +394,8 @@ class Profiler:
                 t_req = clock()
                 if handed:
                     own_ns += t_req - t_end
+                elif not delivered:
+                    t_req = t_open  # the first batch's wait: from the pass's start
                 copied_before = source.transfer_ns if moves else 0  # type: ignore[attr-defined]
                 own_before = source.own_ns if split else 0  # type: ignore[attr-defined]
                 try:

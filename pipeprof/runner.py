@@ -748,19 +748,34 @@ class Run:
         return label
 
     def _pass(self, loader: Any) -> Any:
-        """A generator over one pass of ``loader``, profiled (NOTE [ Run ])."""
+        """An iterator over one pass of ``loader``, profiled (NOTE [ Run ]): torch's own where it
+        can be (NOTE [ The user's own iterator ] in collect/torch/loader.py), else a generator."""
         if self.sample_hz and not self._samplers:  # from the first pass: the loop's host
             from pipeprof.collect.samplers import HostSampler
 
             self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        from pipeprof.collect.torch.loader import ProfiledLoader
+
         entry = self._entry(loader)
         local = self._local
         local.inside += 1
+        it = None
         try:
-            steps = iter(entry.prof.wrap(loader))  # type: ignore[union-attr]
+            wrapped = entry.prof.wrap(loader)  # type: ignore[union-attr]
+            source = wrapped._source
+            if isinstance(source, ProfiledLoader):  # NOTE [ The user's own iterator ]
+                t_open = clock()
+                opened, it = source.open(expose=True)
+                steps = entry.prof._steps(source, wrapped._moves, opened, t_open)  # type: ignore[union-attr]
+            else:
+                steps = iter(wrapped)
         finally:
             local.inside -= 1
-        return self._steps(entry, steps)
+        passing = self._steps(entry, steps)
+        if it is None:
+            return passing
+        it._next_data = passing.__next__  # on the instance: torch's __next__ asks the pass
+        return it
 
     def _steps(self, entry: Loader, steps: Any) -> Any:
         local = self._local

@@ -335,6 +335,11 @@ MATRIX = {
     "stdin": ("print('read', [line.strip() for line in sys.stdin])", 0),
     "argv-like-pipeprof": ("print('args', sys.argv[1:])", 0),
     "writes-a-file": ("open('made.txt', 'w').write(str(total))", 0),
+    # NOTE [ The user's own iterator ]: its type, len() and count, a break, and again
+    "iterator": ("for w in (0, 2): it = iter(DataLoader(torch.arange(12.0), batch_size=4, "
+                 "num_workers=w)); print(type(it).__name__, len(it), it._num_yielded, "
+                 "next(it).tolist(), it._num_yielded, [b.tolist() for b in it], "
+                 "it._num_yielded); del it; print([b.tolist() for b in mapped][:1])", 0),
 }
 MATRIX_SCRIPT = """
 import os, sys

@@ -38,6 +38,7 @@ import os
 import statistics
 import sys
 import time
+import weakref
 from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -596,6 +597,7 @@ class ProfiledLoader:
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self._swapped: list[Any] = []  # the stand-ins an unprofiled batch set aside
         self._lean = [0, 0, 0]  # NOTE [ The short path ]: its batches, samples, own ns so far
+        self._opened: Any = None  # a pass's torch iterator, for ``open`` to return
         self._starts: list[float] = []  # ms of ``iter()`` per worker it started, each pass
         self.session = session
         session.notes.extend(notes)
@@ -618,6 +620,18 @@ class ProfiledLoader:
         return max(1, self.loader.num_workers)
 
     def __iter__(self) -> Iterator[Any]:
+        return self.open()[0]
+
+    def open(self, expose: bool = False) -> tuple[Iterator[Any], Any]:
+        """A pass begun (its workers started, as a plain ``iter()`` starts them): its batches,
+        and with ``expose`` the twin's own torch iterator where the pass can answer for it (else
+        None): NOTE [ The user's own iterator ]."""
+        passes = self._pass(expose)
+        next(passes)  # the pass's start; closing it from here on ends the pass
+        it, self._opened = self._opened, None
+        return passes, it
+
+    def _pass(self, expose: bool) -> Iterator[Any]:
         persistent = self.loader.persistent_workers and self.loader.num_workers
         if self.passes and not (persistent or self.opaque):
             # A new pass reads the dataset as it is now (``set_epoch`` and the like), as the plain
@@ -645,6 +659,14 @@ class ProfiledLoader:
                 rec.leave(before)
             started_ns = clock() - t_iter  # the workers forked: noted at the first batch
             span = WAIT_SPAN.format(type(it).__name__)
+            fetch = it.__next__
+            if expose and not persistent and self.h2d is None and _answerable(it):
+                # NOTE [ The user's own iterator ]: the user calls its __next__, which asks this
+                # pass for the batch; the pass reads torch's own, by a weak reference
+                fetch = functools.partial(_raw_next, weakref.ref(it))
+                self._opened = it
+            del it
+            yield None  # begun: ``open`` returns
             nv = self.ranges
             first = True
             ab = self._ab_eligible()
@@ -677,7 +699,7 @@ class ProfiledLoader:
                     _COLLATED[0] = None
                     t0 = clock()
                     try:
-                        carrier = next(it)
+                        carrier = fetch()
                     except StopIteration:
                         return
                     finally:
@@ -712,7 +734,7 @@ class ProfiledLoader:
                     c0 = time.process_time_ns() if measure else 0
                     t0 = clock()
                     try:
-                        carrier = next(it)
+                        carrier = fetch()
                         t1 = clock()
                         self.seen += 1
                     except StopIteration:
@@ -1029,6 +1051,32 @@ class ProfiledLoader:
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# NOTE [ The user's own iterator ]
+# Under ``pipeprof run``, ``iter(loader)`` returns the twin DataLoader's own torch iterator (a
+# ``_MultiProcessingDataLoaderIter`` or ``_SingleProcessDataLoaderIter``, as plain), its
+# ``_next_data`` set, on the instance, to the pass's generator: torch's ``__next__`` (its
+# ``_num_yielded``, its profiler range) runs as it does plain and asks the pass for the batch,
+# which reads torch's own ``_next_data`` (``_raw_next``). The pass holds the iterator by a weak
+# reference, so dropping it (a ``break``) frees it, shuts its workers down and ends the pass as
+# dropping a generator did. Not with persistent workers (the twin keeps its iterator from pass
+# to pass, so a pass left early would end only at the next one), nor with an iterator class
+# whose ``__next__`` is not torch's: those passes are generators, as ``Profiler.wrap``'s are.
+def _answerable(it: Any) -> bool:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    cls = type(it)
+    return cls.__next__ is _BaseDataLoaderIter.__next__ and callable(
+        getattr(cls, "_next_data", None)
+    )
+
+
+def _raw_next(ref: Any) -> Any:
+    it = ref()
+    if it is None:  # gone: nothing asks any more
+        raise StopIteration
+    return type(it)._next_data(it)
 
 
 def _cache_own_source() -> None:
