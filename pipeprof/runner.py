@@ -63,6 +63,7 @@ from typing import Any
 
 from pipeprof.collect.loop import StepLog
 from pipeprof.collect.timer import Timer
+from pipeprof.core.detect import is_torch_loader
 from pipeprof.core.recorder import STAGE_EVERY, clock
 from pipeprof.profiler import Profiler
 from pipeprof.report import Report
@@ -754,16 +755,14 @@ class Run:
             from pipeprof.collect.samplers import HostSampler
 
             self._samplers.append(HostSampler(hz=self.sample_hz).start())
-        from pipeprof.collect.torch.loader import ProfiledLoader
-
         entry = self._entry(loader)
         local = self._local
         local.inside += 1
         it = None
         try:
             wrapped = entry.prof.wrap(loader)  # type: ignore[union-attr]
-            source = wrapped._source
-            if isinstance(source, ProfiledLoader):  # NOTE [ The user's own iterator ]
+            source: Any = wrapped._source  # a ProfiledLoader for a DataLoader
+            if is_torch_loader(loader):  # NOTE [ The user's own iterator ]
                 t_open = clock()
                 opened, it = source.open(expose=True)
                 steps = entry.prof._steps(source, wrapped._moves, opened, t_open)  # type: ignore[union-attr]
