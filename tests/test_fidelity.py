@@ -154,11 +154,19 @@ if __name__ == "__main__":
 def _signalled(tmp_path: Path, cmd: list[str], signum: int, group: bool = False
                ) -> tuple[int, str]:  # fmt: skip
     """Run ``cmd`` until the script's 6th step, send ``signum`` to its main process alone (or,
-    ``group``, to its whole process group: main process and workers)."""
+    ``group``, to its whole process group: main process and workers). The script starts with
+    each ending signal's default action, however these tests were started (``nohup`` ignores
+    SIGHUP, a shell's ``&`` SIGINT, and an ignored one stays ignored, plain and under pipeprof)."""
+    import signal
     import time
 
+    def defaults() -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=defaults)  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:
         if "running" in line:
