@@ -144,7 +144,7 @@ def _children(fn: Any) -> tuple[list[Any], bool] | None:
     if (
         cls.__name__ == "Sequential"
         and mod.startswith("torch.nn")
-        and _original(cls, "forward") is _seq_forward()
+        and type(fn).forward is _seq_forward()
     ):
         return list(fn), False
     return None
@@ -153,7 +153,7 @@ def _children(fn: Any) -> tuple[list[Any], bool] | None:
 def _seq_forward() -> Any:
     from torch import nn
 
-    return _original(nn.Sequential, "forward")
+    return nn.Sequential.forward
 
 
 # NOTE [ Transforms timed in place ]
@@ -177,12 +177,6 @@ def _seq_forward() -> Any:
 Mark = tuple[Any, str, Any]  # (the user's object, its stage path or chain prefix, chain or not)
 _MARKED: dict[int, list[Any]] = {}  # id -> [object, path, bound original | chain steps, multi]
 _ORIGINAL: dict[Any, Any] = {}  # wrapper -> the function it wraps
-
-
-def _original(cls: type, name: str) -> Any:
-    """``cls``'s ``name`` as the class defined it (under a wrapper of pipeprof's, if any)."""
-    fn = getattr(cls, name, None)
-    return _ORIGINAL.get(fn, fn)
 
 
 def _hook(fn: Any) -> tuple[type, str] | None:
