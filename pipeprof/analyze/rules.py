@@ -23,7 +23,7 @@ from pipeprof.analyze.scenarios import (
 )
 from pipeprof.analyze.tf_rules import TF_RULES
 from pipeprof.analyze.verdict import MODERATE_WAIT, handover_overlapped, loop_view, other_load
-from pipeprof.analyze.whatif import throughput, workers_for
+from pipeprof.analyze.whatif import throughput, workers_to_feed
 from pipeprof.core.regions import region_class
 
 Rule = Callable[[dict[str, Any], dict[str, Any]], "Finding | None"]
@@ -334,8 +334,7 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     occupied = training_cores(report, int(cores))
     if occupied:  # CPU training: the workers take cores from the step (NOTE in scenarios.py)
         return _cpu_shared(report, facts, model, floor, occupied, now)
-    # headroom: a pool that only just keeps up loses to the spread of its batches' times
-    need = workers_for(model, target * FEED_HEADROOM) or workers_for(model, target)
+    need = workers_to_feed(model, target)
     need = need if need is not None else max(1, math.ceil(target / rate))
     if need <= n:
         return None
@@ -382,10 +381,6 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
 
 
 STARTUP_SHARE = 0.05  # a start-up from this share of the predicted run is priced in
-# The fewest workers whose pipeline gives this much more than the loop's steps take: on the
-# diagnosis matrix (benchmarks/diagnosis_matrix.py, storage latency), 6 workers whose model gave
-# 1.08x the steps' rate ran the loop at 0.76-0.92 of it; with 1.2x to spare, 0.9 and more.
-FEED_HEADROOM = 1.2
 
 
 def with_startup(

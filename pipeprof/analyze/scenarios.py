@@ -41,7 +41,7 @@ from pipeprof.analyze.whatif import (
     faster,
     solve,
     throughput,
-    workers_for,
+    workers_to_feed,
 )
 
 
@@ -237,7 +237,7 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
         out.append({"kind": "data-free", "samples_per_s": round(rate, 1),
                     "basis": "measured compute, transfer, other regions and hand-over per step: "
                     "the loop's rate if batches were always ready"})  # fmt: skip
-        out.append({"kind": "workers-for-compute", "workers": workers_for(model, rate),
+        out.append({"kind": "workers-for-compute", "workers": workers_to_feed(model, rate),
                     "samples_per_s": round(rate, 1), "basis": basis})  # fmt: skip
     stage = facts.get("limiting")
     if stage in {s.path for s in model.stages}:

@@ -305,6 +305,19 @@ def workers_for(model: Model, samples_per_s: float) -> int | None:
     return lo
 
 
+# The fewest workers whose pipeline gives this much more than the loop's steps take: on the
+# diagnosis matrix (benchmarks/diagnosis_matrix.py, storage latency), 6 workers whose model gave
+# 1.08x the steps' rate ran the loop at 0.76-0.92 of it; with 1.2x to spare, 0.9 and more.
+FEED_HEADROOM = 1.2
+
+
+def workers_to_feed(model: Model, samples_per_s: float) -> int | None:
+    """The workers that keep up with a loop consuming ``samples_per_s``, with FEED_HEADROOM to
+    spare where some count gives it (a pool that only just keeps up loses to the spread of its
+    batches' times): the ``workers-needed`` finding's and the what-if row's figure alike."""
+    return workers_for(model, samples_per_s * FEED_HEADROOM) or workers_for(model, samples_per_s)
+
+
 def faster(model: Model, speedup: Mapping[str, float]) -> Model:
     """``model`` with each named stage ``N`` times faster (``N`` = inf: free, as if cached).
 
