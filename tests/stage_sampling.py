@@ -43,8 +43,8 @@ def arms(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) -> l
                 paired = cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
                 if s < TIMED_FIRST:
                     out.append("timed")
-                elif pos == on_at:
-                    out.append("on" if i and paired else "timed")
+                elif pos == on_at and paired:  # a cycle's batch profiled, in the paired ones
+                    out.append("on" if i else "timed")
                 elif not i:
                     out.append("cold")
                 else:  # the batch before a compared profiled one is compared; the others: lean

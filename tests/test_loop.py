@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -416,21 +417,33 @@ class SeesItsTransform(CostDataset):
         return super().__getitem__(i)
 
 
-def test_unprofiled_batches_run_the_users_own_transforms():
-    # NOTE [ Unprofiled batches ]: no frame of pipeprof's in them, and the stand-ins back after
+@pytest.mark.parametrize("batches", [64, 208])
+def test_unprofiled_batches_run_the_users_own_transforms(batches):
+    # NOTE [ Unprofiled batches ]: no frame of pipeprof's in them, and the stand-ins back after;
+    # in the training process, after the first cycles, one in 4 of them (NOTE [ The short path ])
     SeesItsTransform.seen = []
-    data = SeesItsTransform(64 * 4, transform=Scale(0.0))
+    data = SeesItsTransform(batches * 4, transform=Scale(0.0))
     report = pipeprof.profile(DataLoader(data, batch_size=4))
-    c = counts([64])
+    c = counts([batches])
     assert c["unprofiled"] > 0 and c["profiled"] >= TIMED_FIRST
     unprofiled = c["unprofiled"] * 4
     assert report["overhead"]["unprofiled_batches"]["unprofiled_samples"] == unprofiled
     seen = SeesItsTransform.seen
     assert seen.count("Scale") == unprofiled
     assert seen.count("Timed") == c["profiled"] * 4
-    timed = [k for k in range(64) if seen[k * 4] == "Timed"]
-    assert timed == timed_indices([64])
+    timed = [k for k in range(batches) if seen[k * 4] == "Timed"]
+    assert timed == timed_indices([batches])
     assert timed[:TIMED_FIRST] == list(range(TIMED_FIRST))  # the first ones, then a sample
+    meta = report["meta"]
+    later = [k for k in timed if k >= meta["stage_every_from"]]
+    gaps = {b - a for a, b in itertools.pairwise(timed[TIMED_FIRST:])}
+    if batches > meta["stage_every_from"]:
+        assert len(later) >= 3 and {b - a for a, b in itertools.pairwise(later)} == {32}
+        assert gaps == {STAGE_EVERY, 32} and meta["stage_every_later"] == 32
+        text = " ".join(report.render("text").split())
+        assert f"then 1 in {STAGE_EVERY} to batch {meta['stage_every_from']}, then 1 in 32" in text
+    else:
+        assert gaps == {STAGE_EVERY}
 
 
 def test_unprofiled_batches_count_their_samples_as_profiled_ones_do():

@@ -204,6 +204,8 @@ def sampling_line(data: dict[str, Any]) -> str | None:
         return None
     timed, first = meta.get("timed_batches"), meta.get("timed_first")
     rule = f"the first {first}, then 1 in {every}" if first else f"1 in {every}"
+    if (data.get("batches") or 0) > meta.get("stage_every_from", 1e18):  # in-process, later
+        rule += f" to batch {meta['stage_every_from']}, then 1 in {meta['stage_every_later']}"
     where = f"{timed:,} of {data.get('batches') or 0:,} batches ({rule})" if timed else ""
     where = where or f"1 batch in {every}"  # a report from before the count
     return (

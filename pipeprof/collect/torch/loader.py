@@ -105,12 +105,15 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # "off"). And it needs only so many pairs: each reads the process's CPU clock four times, which
 # right after a training step cost 8-53 µs a read on this project's VM (NOTE [ CPU training
 # shares the cores ] in profiler.py), so the pairs are the first AB_PAIRS_FIRST cycles of
-# ``stage_every`` batches and then one cycle in AB_PAIRS_EVERY; a profiled batch outside them
-# is profiled all the same, in no arm. Every other unprofiled batch takes a short path in
-# ``ProfiledLoader.__iter__``: the recorder off, the user's transforms back, two clock reads
-# around ``next()`` and the batch's wait queued; no recorder sink, no CPU clock, no merge. They
-# count as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py), their
-# bookkeeping in ``main_ns``. Not with NVTX ranges or a copy to the device to time.
+# ``stage_every`` batches and then one cycle in AB_PAIRS_EVERY. The stages are timed in those
+# cycles only: from batch ``meta["stage_every_from"]`` on, one in ``meta["stage_every_later"]``
+# (32 by default). Every batch profiled here costs the training step itself (issue 38's tiny
+# step: 10 µs a step at 1 in 8), and by then the stages have 24 timed batches. Every other
+# unprofiled batch takes a short path in ``ProfiledLoader._pass``: the recorder off, the user's
+# transforms back, two clock reads around ``next()`` and the batch's wait queued; no recorder
+# sink, no CPU clock, no merge. They count as unprofiled in ``ab_lean_batches`` /
+# ``ab_lean_samples`` (analyze/stages.py), their bookkeeping in ``main_ns``. Not with NVTX
+# ranges or a copy to the device to time.
 AB_PAIRS_FIRST = 8  # analyze/stages.py's AB_MIN_OFF: the comparison is used from 8 pairs on
 AB_PAIRS_EVERY = 4
 SAMPLE_MIN_BATCHES = 16
@@ -686,11 +689,11 @@ class ProfiledLoader:
                 sampled = ab and rec.active == 1
                 later = sampled and self.seen >= TIMED_FIRST  # the profile's first all timed
                 pos = self.seen % every
-                off = later and pos != on_at
                 # the cycle of the profiled batch this one is or comes before (NOTE [ The short
-                # path ]): its pair compared or not
+                # path ]): its pair compared and its batch profiled, or all of it unprofiled
                 cycle = (self.seen + (on_at - pos) % every - TIMED_FIRST) // every
                 paired = cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
+                off = later and (pos != on_at or not paired)
                 if off and lean and k >= 1 and not (paired and pos == compared_at):
                     # NOTE [ The short path ]: an unprofiled batch outside the comparison
                     rec.enabled = False
@@ -795,8 +798,14 @@ class ProfiledLoader:
         self.session.meta["worker_start_ms"] = round(statistics.median(self._starts), 3)
 
     def _ab_eligible(self) -> bool:
-        """NOTE [ Unprofiled batches ]: a pass made in this thread, long enough to sample."""
-        return not self.loader.num_workers and self._sampled()
+        """NOTE [ Unprofiled batches ]: a pass made in this thread, long enough to sample; from
+        batch ``stage_every_from`` on, one cycle in AB_PAIRS_EVERY is timed (NOTE [ The short
+        path ])."""
+        if self.loader.num_workers or not self._sampled():
+            return False
+        self.session.meta["stage_every_from"] = TIMED_FIRST + AB_PAIRS_FIRST * self.stage_every
+        self.session.meta["stage_every_later"] = AB_PAIRS_EVERY * self.stage_every
+        return True
 
     def _sampled(self) -> bool:
         """NOTE [ Unprofiled batches ]: whether this pass times its stages in a sample of its
