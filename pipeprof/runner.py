@@ -65,6 +65,7 @@ from pipeprof.collect.loop import StepLog
 from pipeprof.collect.timer import Timer
 from pipeprof.core.detect import is_torch_loader
 from pipeprof.core.recorder import STAGE_EVERY, clock
+from pipeprof.core.regions import STEP_REGIONS
 from pipeprof.profiler import Profiler
 from pipeprof.report import Report
 
@@ -109,6 +110,8 @@ class Loader:
     nested_in: set[str] = field(default_factory=set)
     callback: Any = None  # pipeprof.keras.ProfilerCallback
     open_passes: int = 0
+    steps: int = 0  # steps handed out over its passes (NOTE [ Regions in a sample of the steps ])
+    region_steps: int = 0  # of them, those whose Forward / Backward / Optimizer were timed
 
     @property
     def session(self) -> Any:
@@ -121,6 +124,7 @@ class _Pass:
     outer: _Pass | None
     start_ns: int
     alive: bool = True
+    quiet: bool = False  # its step under way times no regions (NOTE [ Regions in a sample ...])
 
 
 class _Local(threading.local):
@@ -163,7 +167,10 @@ class Run:
         # NOTE [ Regions on a short path ]: the current pass's StepLog while its regions can go
         # there directly; None: through its Profiler's timer (or not at all)
         self._log: StepLog | None = None
-        self._opt_starts: list[int | None] = []  # Optimizer regions open: when (None: timer's)
+        # NOTE [ Regions in a sample of the steps ]: the step under way times no regions
+        self._quiet = False
+        # Optimizer regions open: when (None: the timer's; 0: a quiet step's, not timed)
+        self._opt_starts: list[int | None] = []
         self.profiled = 0  # batches profiled so far
         self.stopped = False  # profiling over (--batches reached, or the script ended)
         self.notes: list[str] = []
@@ -279,6 +286,8 @@ class Run:
 
         @functools.wraps(backward)
         def tensor_backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if run._quiet:  # NOTE [ Regions in a sample of the steps ]
+                return backward(tensor, *args, **kwargs)
             log = run._log
             if log is not None:
                 run.seen.add("Backward")
@@ -589,9 +598,23 @@ class Run:
     # CUDA events), the regions go to the pass's StepLog directly (``StepLog.compute_region``):
     # two clock reads and three appends. ``_log`` is that StepLog, set with ``current`` at each
     # batch and cleared when profiling stops; else (CUDA events, NVTX) the timer's way.
+    #
+    # NOTE [ Regions in a sample of the steps ]
+    # On that short path a loader's first REGIONS_FIRST steps time their regions, then one step
+    # in REGIONS_EVERY: the other steps are quiet (``_quiet``, kept on their ``_Pass`` for a pass
+    # nested in them): the wrappers call straight through. In situ, right after the user's own
+    # torch code, the three regions cost a tiny CPU step about 14 µs, not the 2.5 µs they cost
+    # back to back (docs/run.md), and the user's code beside them slows too. Two things follow:
+    # - the regions' figures are of the timed steps; their totals are scaled to every step
+    #   (``meta["step_regions"]``, analyze/loop.py), as the loader's stages are;
+    # - the report states what they cost from the steps themselves: the compute of the timed
+    #   steps after the first against that of the quiet ones (``StepLog.region_arm``, arms True
+    #   and False), used from REGIONS_AB_MIN steps each when the difference is larger than its
+    #   standard error, else their count times one region's cost measured warm.
 
     def _set_current(self, p: _Pass | None) -> None:
         self.current = p
+        self._quiet = p is not None and p.quiet
         log = None
         if p is not None and not self.stopped and p.entry.prof is not None:
             timer = p.entry.prof.timer
@@ -600,7 +623,9 @@ class Run:
         self._log = log
 
     def _optimizer_starts(self, *args: Any) -> None:
-        if self._log is not None:
+        if self._quiet:  # NOTE [ Regions in a sample of the steps ]
+            self._opt_starts.append(0)
+        elif self._log is not None:
             self.seen.add("Optimizer")
             self._opt_starts.append(clock())
         else:
@@ -613,7 +638,7 @@ class Run:
             self._close("Optimizer")
             return
         log = self._log
-        if log is not None:
+        if log is not None and t0:
             log.compute_region("Optimizer", t0, clock() - t0)
 
     def _timer(self) -> Any:
@@ -787,7 +812,9 @@ class Run:
             while True:
                 if p.outer is not None and not p.outer.alive:
                     p.outer = None
-                self._check_interleave(p)
+                c = self.current
+                if c is not None and c is not p and c.outer is p:
+                    self._interleaved(c, p)
                 local.inside += 1
                 try:
                     batch = next(steps)
@@ -797,9 +824,19 @@ class Run:
                     local.inside -= 1
                 if self.current is not p or self._log is None:
                     self._set_current(p)
+                log = self._log
+                if log is not None:  # NOTE [ Regions in a sample of the steps ]
+                    k = entry.steps
+                    p.quiet = self._quiet = k >= REGIONS_FIRST and k % REGIONS_EVERY != 0
+                    log.region_arm = None if k < REGIONS_FIRST else not p.quiet
+                elif p.quiet:
+                    p.quiet = self._quiet = False
+                entry.steps += 1
+                entry.region_steps += not p.quiet
                 if not self.stopped:
                     self.profiled += 1
-                    self._maybe_start_nvml()
+                    if not self._nvml_started:
+                        self._maybe_start_nvml()
                     if self.snapshot_path is not None and clock() >= self._next_snapshot:
                         self._snapshot()
                     if self.batches is not None and self.profiled >= self.batches:
@@ -824,11 +861,8 @@ class Run:
                     f"{entry.label} (pass)", p.start_ns, clock() - p.start_ns
                 )
 
-    def _check_interleave(self, p: _Pass) -> None:
-        """Asking ``p`` for a batch while a pass nested in it is still running: ``zip``."""
-        c = self.current
-        if c is None or c is p or c.outer is not p:
-            return
+    def _interleaved(self, c: _Pass, p: _Pass) -> None:
+        """Asking ``p`` for a batch while ``c``, a pass nested in it, is still running: ``zip``."""
         c.outer = None  # not nested after all: no region for it in ``p``'s steps
         note = (
             f"{c.entry.label} and {p.entry.label} were iterated together (zip): each one's "
@@ -902,10 +936,8 @@ class Run:
         for i, entry in enumerate(used):
             s = entry.session
             s.interrupted = s.interrupted or interrupted
-            regions = s.loop.regions if s.loop is not None else {}
-            timed = sum(regions[k].count for k in _STEP_REGIONS if k in regions)
-            if timed:  # what the Forward / Backward / Optimizer regions cost the steps
-                s.costs["step_regions_ns"] = int(timed * step_region_ns())
+            if s.loop is not None:
+                self._step_regions(entry, s)
             for sampler in self._samplers:
                 if isinstance(sampler, NvmlSampler):
                     s.gpu = sampler.to_dict()
@@ -927,6 +959,30 @@ class Run:
                     s.notes.append(self.regions_note(Report(s)))
         return [(e, Report(e.session)) for e in used]
 
+    def _step_regions(self, entry: Loader, s: Any) -> None:
+        """What the Forward / Backward / Optimizer regions cost the steps, and in how many of
+        them they were timed (NOTE [ Regions in a sample of the steps ])."""
+        regions = s.loop.regions
+        timed = sum(regions[k].count for k in STEP_REGIONS if k in regions)
+        if not timed:
+            return
+        probed = timed * step_region_ns()
+        on, off = entry.prof._steps_log.region_ab if entry.prof is not None else ([0] * 3,) * 2
+        meta: dict[str, Any] = {"steps": entry.steps, "timed_steps": entry.region_steps,
+                                "first": REGIONS_FIRST, "every": REGIONS_EVERY,
+                                "ab_steps": [on[0], off[0]], "probed_s": round(probed / 1e9, 6),
+                                "used": False}  # fmt: skip
+        s.costs["step_regions_ns"] = int(probed)
+        if min(on[0], off[0]) >= REGIONS_AB_MIN:
+            means = [a[1] / a[0] for a in (on, off)]
+            var = [max(0.0, a[2] / a[0] - m * m) / (a[0] - 1) for a, m in zip((on, off), means)]
+            diff, se = means[0] - means[1], (var[0] + var[1]) ** 0.5
+            meta.update({"per_step_ns": round(diff, 1), "se_ns": round(se, 1)})
+            if diff > se:  # the timed steps' own excess, all in: the regions and what they displace
+                s.costs["step_regions_ns"] = int(diff * entry.region_steps)
+                meta["used"] = True
+        s.meta["step_regions"] = meta
+
     def regions_note(self, report: Report) -> str:
         """Which parts of compute were seen, and what the rest is."""
         seen = [k for k in ("Forward", "Backward", "Optimizer") if k in self.seen]
@@ -936,9 +992,17 @@ class Run:
             else "no Forward/Backward/Optimizer regions seen (no torch model or optimizer ran "
             "inside the loop)"
         )  # fmt: skip
+        data = report.to_dict()
+        sampled = (data.get("meta") or {}).get("step_regions") or {}
+        steps, timed = sampled.get("steps") or 0, sampled.get("timed_steps") or 0
+        if seen and 0 < timed < steps:  # NOTE [ Regions in a sample of the steps ]
+            text += (
+                f" (timed in {timed:,} of {steps:,} steps: the first {sampled['first']}, then 1 "
+                f"in {sampled['every']}; their totals scaled to every step)"
+            )
         if missing and seen:
             text += f"; not seen: {', '.join(missing)}"
-        loop = report.to_dict().get("loop") or {}
+        loop = data.get("loop") or {}
         compute = loop.get("compute_s") or 0.0
         regions = loop.get("regions") or {}
         inside = sum(regions[k]["total_s"] for k in seen if k in regions)
@@ -953,7 +1017,9 @@ class Run:
         return text
 
 
-_STEP_REGIONS = ("Forward", "Backward", "Optimizer")
+REGIONS_FIRST = 16  # NOTE [ Regions in a sample of the steps ]
+REGIONS_EVERY = 8
+REGIONS_AB_MIN = 8
 _STEP_REGION_NS: list[float] = []
 
 
@@ -968,7 +1034,9 @@ def _forward(run: Any, local: _Local, module_call: Any, compiling: Any) -> Any:
     is the Run (or, in ``step_region_ns``, what it reads of one)."""
 
     def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
-        if run._depth or compiling():  # inside another Module, or traced by torch.compile
+        # a step that times no regions (NOTE [ Regions in a sample of the steps ]), inside
+        # another Module, or traced by torch.compile
+        if run._quiet or run._depth or compiling():
             return module_call(module, *args, **kwargs)
         if local.inside:  # a batch being fetched: a transform, timed as a stage
             return module_call(module, *args, **kwargs)
@@ -1011,6 +1079,7 @@ def step_region_ns(calls: int = 2000) -> float:
 
     class Host:  # what the wrapper reads of a Run
         _depth = 0
+        _quiet = False
         _log: StepLog | None = StepLog(Session())
         seen: set[str] = set()
 

@@ -14,6 +14,8 @@ import psutil
 import pytest
 from stage_sampling import counts
 
+from pipeprof.runner import REGIONS_EVERY, REGIONS_FIRST
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = str(SCRIPTS / "train.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -339,13 +341,74 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
     assert all(short) and len(short) == 20
     loop = report["loop"]
     regions = loop["regions"]
-    # one each a step: the inner Linear is inside Forward, not a region of its own
-    assert [regions[k]["count"] for k in ("Forward", "Backward", "Optimizer")] == [20, 20, 20]
+    # one each a timed step (NOTE [ Regions in a sample of the steps ]: the first 16, then 1 in
+    # 8): the inner Linear is inside Forward, not a region of its own
+    timed = len([k for k in range(20) if k < REGIONS_FIRST or k % REGIONS_EVERY == 0])
+    assert [regions[k]["count"] for k in ("Forward", "Backward", "Optimizer")] == [timed] * 3
     assert regions["Forward"]["min_ms"] >= 1.95  # each around the 2 ms it spins (preempted: more)
+    assert regions["Forward"]["total_s"] >= 20 * 2.0 / 1e3  # scaled to every step
     assert loop["compute_s"] >= regions["Forward"]["total_s"]  # compute keys: in compute
     each = step_region_ns()
     assert 0 < each < 20_000
-    assert report["overhead"]["step_regions_s"] == pytest.approx(60 * each / 1e9, abs=1e-6)
+    # too few quiet steps to compare: the probe's cost
+    assert report["overhead"]["step_regions"]["used"] is False
+    assert report["overhead"]["step_regions_s"] == pytest.approx(3 * timed * each / 1e9, abs=1e-6)
     assert "the step's Forward/Backward/Optimizer regions" in " ".join(
         report.render("text").split()
     )
+
+
+def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_took(monkeypatch):
+    """NOTE [ Regions in a sample of the steps ] (runner.py): a region's clock made to cost 100 µs
+    a read (6 reads a timed step), the timed steps' compute against the quiet ones' states it,
+    where the probe, measured before, knows nothing of it; the totals are scaled to every step."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pipeprof import runner
+    from pipeprof.runner import Run, step_region_ns
+
+    each = step_region_ns()  # measured once a process, with the real clock
+    real = runner.clock
+
+    def slow_clock() -> int:
+        t0 = real()
+        while real() - t0 < 100_000:
+            pass
+        return real()
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(400, 4), torch.randint(0, 2, (400,)))
+    run = Run(sample_hz=0)
+    run.install()
+    try:
+        monkeypatch.setattr(runner, "clock", slow_clock)  # the wrappers' clock, not the loop's
+        for x, y in DataLoader(data, batch_size=4):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        monkeypatch.setattr(runner, "clock", real)
+        run.uninstall()
+    [(_, report)] = run.reports()
+    timed = [k for k in range(100) if k < REGIONS_FIRST or k % REGIONS_EVERY == 0]
+    o = report["overhead"]
+    ab = o["step_regions"]
+    assert (ab["steps"], ab["timed_steps"]) == (100, len(timed))
+    assert ab["ab_steps"] == [len(timed) - REGIONS_FIRST, 100 - len(timed)]
+    assert ab["used"] and 550_000 <= ab["per_step_ns"] <= 1_600_000, ab
+    assert o["step_regions_s"] == pytest.approx(ab["per_step_ns"] * len(timed) / 1e9, rel=1e-3)
+    assert ab["probed_s"] == pytest.approx(3 * len(timed) * each / 1e9, abs=1e-6)
+    regions = report["loop"]["regions"]
+    for k in ("Forward", "Backward", "Optimizer"):
+        r = regions[k]
+        assert r["count"] == len(timed) and r["timed_steps"] == len(timed)
+        # each call at least the slow read it made; the total scaled to the 100 steps
+        assert r["min_ms"] >= 0.1
+        scaled = r["mean_ms"] * r["count"] / 1e3 * 100 / len(timed)
+        assert r["total_s"] == pytest.approx(scaled, rel=0.01)
+    text = " ".join(report.render("text").split())
+    assert f"timed in {len(timed)} of 100 steps" in text

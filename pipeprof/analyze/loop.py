@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pipeprof.core.regions import STEP_REGIONS
 from pipeprof.core.series import mean_over_spans
 from pipeprof.core.session import Session
 from pipeprof.core.stats import Stat, figures
@@ -70,6 +71,20 @@ def wait_split(part: dict[str, Stat], wait_s: float, wall_s: float) -> dict[str,
     }
 
 
+def _regions(regions: dict[str, Stat], sampled: dict[str, Any] | None) -> dict[str, Any]:
+    """The regions' figures; ``pipeprof run``'s own, timed in a sample of the steps (NOTE
+    [ Regions in a sample of the steps ] in runner.py), with their totals scaled to every step
+    (``count`` and the per-call figures stay those of the calls timed)."""
+    out = {k: figures(v) for k, v in regions.items()}
+    steps, timed = (sampled or {}).get("steps") or 0, (sampled or {}).get("timed_steps") or 0
+    if 0 < timed < steps:
+        for k in STEP_REGIONS:
+            if k in out:
+                out[k]["total_s"] = round(out[k]["total_s"] * steps / timed, 9)
+                out[k]["timed_steps"] = timed
+    return out
+
+
 def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | None:
     """The report's ``loop`` section, or None outside loop mode."""
     loop = session.loop
@@ -110,7 +125,7 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
             "step_ms": figures(steady["step"] if n_steady else first["step"]),
             "wait_ms": figures(steady["wait"]),
             "compute_ms": figures(steady["compute"]),
-            "regions": {k: figures(v) for k, v in loop.regions.items()},
+            "regions": _regions(loop.regions, session.meta.get("step_regions")),
             "host_regions": {k: figures(v) for k, v in loop.host_regions.items()},
             "gpu_compute_s": round(loop.gpu_compute.total_ns / 1e9, 9)
             if loop.gpu_compute.count

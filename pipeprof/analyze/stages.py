@@ -380,6 +380,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "main_s": round(main_s, 6),
         "loop_s": round(loop_s, 6),
         "step_regions_s": round(step_regions_s, 6),
+        # how: the timed steps against the quiet ones, or the probe (runner.py)
+        "step_regions": session.meta.get("step_regions"),
         "control_s": round(control_s, 6),
         "settle_s": round(settle_s, 6),
         "sampler_s": round(sampler_s, 6),

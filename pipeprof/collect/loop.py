@@ -65,6 +65,10 @@ class StepLog:
         self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
         self._marks: tuple[int, int, int, dict[str, list[int]]] = (0, 0, 0, self._pending["first"])
         self.first = True  # the open step is a start-up step (not ``steady``)
+        # NOTE [ Regions in a sample of the steps ] in runner.py: whether the open step times
+        # its regions (None: in neither arm), and each arm's steps' compute: count, sum, squares
+        self.region_arm: bool | None = None
+        self.region_ab: tuple[list[int], list[int]] = ([0, 0, 0], [0, 0, 0])
 
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A user region closed (``Profiler.region``): its figures, its span, its class."""
@@ -158,6 +162,11 @@ class StepLog:
         """The open step's compute, overhead, the user's own transfer regions and comm, in ns."""
         part = self._marks[3]
         part["compute"].append(compute)
+        if self.region_arm is not None:
+            a = self.region_ab[0 if self.region_arm else 1]
+            a[0] += 1
+            a[1] += compute
+            a[2] += compute * compute
         part["comm"].append(comm)
         part["overhead"].append(overhead)
         part["user_transfer"].append(user_transfer)
