@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -552,3 +553,41 @@ def test_a_batchs_bookkeeping_runs_in_bulk_and_is_complete_at_each_pass_end(monk
     t.join(10)
     s.defer(calls.append, 25)
     assert calls == list(range(26)) and not s._deferred
+
+
+def test_short_path_batches_queued_in_rows_count_as_one_by_one():
+    """``Session.defer_batch`` (NOTE [ The short path ]): a row of batches added in bulk, in
+    order with what else was deferred, gives the session what ``add_batch`` one by one gives;
+    a row another thread would seal stays queued until the loop's thread runs it."""
+    from pipeprof.core.session import BATCH_ROWS, Session
+
+    rng = random.Random(3)
+    batches = []
+    t = 1_000
+    for k in range(BATCH_ROWS * 2 + 37):
+        wait = rng.randrange(0, 400_000)
+        batches.append((t, t + wait, rng.choice([8, 8, 5]), k % 50 == 7))  # some profiled
+        t += wait + 1_000
+    one, rows = Session(), Session()
+    for t0, t1, n, profiled in batches:
+        one.add_batch(t0, t1, n, None, "next", starved_ns=t1 - t0 - 5 if profiled else None)
+        if profiled:  # a profiled batch: its wait split, queued one by one
+            rows.defer(rows.add_batch, t0, t1, n, None, "next", "main", 0, t1 - t0 - 5)
+        else:
+            rows.defer_batch(t0, t1, n, "next")
+    done = threading.Thread(target=rows.run_deferred)  # not the loop's thread: seals nothing
+    done.start()
+    done.join(10)
+    assert rows._rows and rows.batches < len(batches)
+    rows.run_deferred()
+    assert not rows._rows and not rows._deferred
+    for k in ("batches", "samples", "first_ready_ns", "last_ready_ns", "first_samples"):
+        assert getattr(rows, k) == getattr(one, k), k
+    assert list(rows.batch_ring) == list(one.batch_ring)
+    assert list(rows.spans) == list(one.spans)
+    for k in ("wait", "starved", "handover"):
+        a, b = getattr(rows, k), getattr(one, k)
+        assert (a.count, a.total_ns, a.min_ns, a.max_ns, a.hist) == (
+            b.count, b.total_ns, b.min_ns, b.max_ns, b.hist
+        ), k  # fmt: skip
+        assert a.sum_sq == pytest.approx(b.sum_sq, rel=1e-9)

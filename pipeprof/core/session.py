@@ -20,6 +20,8 @@ a trace). The rest of a batch's bookkeeping (its wait into ``wait``, ``starved``
 order, at the end of each pass over a loader, when the session settles, and by the loop's thread
 every ``DEFER_LIMIT`` batches: a pass's batches done in one loop cost about 5 µs each, where
 each alone, between two waits for a worker, cost three to four times that (docs/overhead.md).
+The loop's thread's batches on the short path (collect/torch/loader.py) are queued a row of up
+to BATCH_ROWS at a time and added with NumPy (``defer_batch``): one tuple each on the way.
 Read ``stages`` and ``spans`` through ``settled()``, and the rest once a pass is over or the
 session settled. The folds' CPU time (at a pass's end, at a profile's stop, on the settling
 thread) is pipeprof's own cost and lands in ``costs["settle_ns"]``.
@@ -51,6 +53,7 @@ BATCH_LIMIT = 10_000  # recent per-batch records kept
 STEP_RING = 10_000  # recent loop steps kept for timelines
 SETTLE_EVENTS = 65_536  # pending records that start a background settle (about 1.5 MB)
 SETTLE_CHUNK = 8_192  # records folded between two releases of the GIL
+BATCH_ROWS = 256  # short-path batches queued as one (``defer_batch``)
 DEFER_LIMIT = 1_024  # batches' bookkeeping queued (``defer``) before the loop's thread runs it
 # Per-step figures of a training loop (NOTE [ Step attribution ] in collect/loop.py), in ns
 STEP_PARTS = (
@@ -215,6 +218,9 @@ class Session:
     _deferred: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = field(
         default_factory=deque, repr=False, compare=False
     )  # bookkeeping to run, in order, when the session settles (``defer``)
+    # short-path batches not queued yet (``defer_batch``), and the thread that adds them
+    _rows: list[tuple[int, int, int, str]] = field(default_factory=list, repr=False, compare=False)
+    _rows_thread: int = field(default=0, repr=False, compare=False)
 
     # ---- collection ---------------------------------------------------------------------
 
@@ -236,13 +242,54 @@ class Session:
         """Run ``fn(*args)`` later, in order with the others deferred, when the session settles:
         a batch's bookkeeping (NOTE [ Deferred aggregation ]). The loop's thread runs what is
         queued itself every ``DEFER_LIMIT`` calls, at once, unless a fold holds the session."""
+        if self._rows:  # the batches before this one first
+            self._seal()
         self._deferred.append((fn, args))
         if len(self._deferred) >= DEFER_LIMIT:
             self.run_deferred(block=False)
 
+    def defer_batch(self, t0: int, t1: int, samples: int, span: str) -> None:
+        """``defer(add_batch, t0, t1, samples, None, span)`` for a batch of the loop's thread
+        whose wait is all starved and that is not a pass's first (NOTE [ The short path ] in
+        collect/torch/loader.py): kept in a row with the next ones like it, which is queued
+        whole and added in bulk (``_add_batches``). Only the thread that adds them seals a row
+        (``_seal``): before anything else is deferred, every BATCH_ROWS batches, and when it runs
+        what is deferred."""
+        rows = self._rows
+        if not rows:
+            self._rows_thread = threading.get_ident()
+        rows.append((t0, t1, samples, span))
+        if len(rows) >= BATCH_ROWS:
+            self._seal()
+
+    def _seal(self) -> None:
+        rows, self._rows = self._rows, []
+        self.defer(self._add_batches, rows)
+
+    def _add_batches(self, rows: list[tuple[int, int, int, str]]) -> None:
+        """``add_batch`` of each row, in bulk (``defer_batch``)."""
+        t0s, t1s, ns, spans = zip(*rows)
+        waits = [b - a for a, b in zip(t0s, t1s)]
+        wait = Stat.of_many(waits)
+        self.wait.merge(wait)
+        self.starved.merge(wait)  # all of it: not known
+        self.handover.merge(Stat.of_many([0] * len(waits)))
+        self.spans.extend(zip(repeat("main"), spans, t0s, waits))
+        first = self.batches
+        self.batch_ring.extend(
+            (first + i, "main", t1, w, n, 0) for i, (t1, w, n) in enumerate(zip(t1s, waits, ns))
+        )
+        if self.first_ready_ns is None:
+            self.first_ready_ns, self.first_samples = t1s[0], ns[0]
+        self.last_ready_ns = t1s[-1]
+        self.batches += len(rows)
+        self.samples += sum(ns)
+
     def run_deferred(self, block: bool = True) -> None:
         """Run what ``defer`` queued (a loader's pass runs its own at its end); with ``block``
         False, not if a fold holds the session now."""
+        if self._rows and threading.get_ident() == self._rows_thread:
+            self._seal()
         if not self._lock.acquire(blocking=block):
             return
         try:

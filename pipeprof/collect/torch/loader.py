@@ -110,10 +110,10 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # (32 by default). Every batch profiled here costs the training step itself (issue 38's tiny
 # step: 10 µs a step at 1 in 8), and by then the stages have 24 timed batches. Every other
 # unprofiled batch takes a short path in ``ProfiledLoader._pass``: the recorder off, the user's
-# transforms back, two clock reads around ``next()`` and the batch's wait queued; no recorder
-# sink, no CPU clock, no merge. They count as unprofiled in ``ab_lean_batches`` /
-# ``ab_lean_samples`` (analyze/stages.py), their bookkeeping in ``main_ns``. Not with NVTX
-# ranges or a copy to the device to time.
+# transforms back, two clock reads around ``next()`` and the batch's wait queued in a row with
+# the next ones like it (``Session.defer_batch``); no recorder sink, no CPU clock, no merge.
+# They count as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py),
+# their bookkeeping in ``main_ns``. Not with NVTX ranges or a copy to the device to time.
 AB_PAIRS_FIRST = 8  # analyze/stages.py's AB_MIN_OFF: the comparison is used from 8 pairs on
 AB_PAIRS_EVERY = 4
 SAMPLE_MIN_BATCHES = 16
@@ -713,8 +713,8 @@ class ProfiledLoader:
                     self.seen += 1
                     n = _COLLATED[0]
                     n = self._samples = n if n is not None else batch_size(carrier)
-                    s.defer(s.add_batch, t0, t1, n, None, span)
-                    self.last_starved = t1 - t0  # not known: all of it
+                    s.defer_batch(t0, t1, n, span)  # all of its wait starved: not known
+                    self.last_starved = t1 - t0
                     self._lean[0] += 1
                     self._lean[1] += n
                     own = clock() - t1
