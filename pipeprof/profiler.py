@@ -376,6 +376,9 @@ class Profiler:
             while True:
                 if handed:  # the step's compute ends; pipeprof's bookkeeping is in no part
                     t_end = clock()
+                    if log.fast:  # NOTE [ The fast path ] in runner.py: the steps since
+                        self._compute_wall_ns += log.settle()
+                        handed, cpu_handed = log.handed, 0
                     if depth:
                         nv.pop()
                         depth = 0
@@ -429,6 +432,7 @@ class Profiler:
                 if cpu_handed:
                     cpu_last = handed
                 own_ns += handed - t_got
+                log.handed = handed
                 yield batch
         finally:
             if delivered == 1 and not ended:  # a peek: no epoch
@@ -436,6 +440,9 @@ class Profiler:
             self.session.add_cost("loop_ns", max(0, own_ns))
             if handed:
                 t_end = clock()
+                if log.fast:  # NOTE [ The fast path ] in runner.py
+                    self._compute_wall_ns += log.settle()
+                    handed, cpu_handed = log.handed, 0
                 if cpu_handed:
                     self._compute_cpu_ns += time.process_time_ns() - cpu_handed
                     self._compute_cpu_wall_ns += t_end - handed

@@ -789,21 +789,89 @@ class Run:
             source: Any = wrapped._source  # a ProfiledLoader for a DataLoader
             if is_torch_loader(loader):  # NOTE [ The user's own iterator ]
                 t_open = clock()
-                opened, it = source.open(expose=True)
+                opened, it, short = source.open(expose=True)
                 steps = entry.prof._steps(source, wrapped._moves, opened, t_open)  # type: ignore[union-attr]
             else:
                 steps = iter(wrapped)
         finally:
             local.inside -= 1
-        passing = self._steps(entry, steps)
+        cell: list[_Pass | None] = [None]  # the pass, once it begins
+        passing = self._steps(entry, steps, cell)
         if it is None:
             return passing
-        it._next_data = passing.__next__  # on the instance: torch's __next__ asks the pass
+        # on the instance: torch's __next__ asks the pass, or its short way past it
+        it._next_data = passing.__next__
+        if short is not None:
+            it._next_data = self._fast(entry, source, short, it._next_data, cell)
         return it
 
-    def _steps(self, entry: Loader, steps: Any) -> Any:
+    # NOTE [ The fast path ]
+    # In the training process, most of a long pass's batches take the short path (NOTE [ The
+    # short path ] in collect/torch/loader.py). Through the pass they still went through three
+    # generators (this Run's pass, the Profiler's steps and the loader's pass) and the step log's
+    # bookkeeping, each step: issue 38's tiny step paid 34 µs a step for it, by the median step.
+    # Where torch's own iterator asks the pass (NOTE [ The user's own iterator ]), the loader's
+    # pass says at each batch it yields how many of the next ones take the short path
+    # (``ShortPass.left``); ``_fast`` is the iterator's ``_next_data`` and fetches those itself
+    # (``ProfiledLoader.fast_next``), keeping each step as a row (asked, got, region arm) in the
+    # StepLog (``fast``), with its count of steps, its regions' sampling and the batch counted as
+    # the pass would. The Profiler's steps write the rows when the pass is next asked
+    # (``StepLog.settle``): each step's wait is its fetch, its compute runs to the next one's.
+    # The pass is asked instead, and so the step is made its way, when anything else is due: the
+    # current pass changed (a loader nested in the step), a region was counted for a class in the
+    # last step (the user's own regions; the rows cannot split them), DDP's communication is
+    # timed, profiling stops, ``--batches`` is reached or a snapshot is due; and at the end of the
+    # batches. What the fast path costs beyond the loader's own bookkeeping (``main_ns``) is in
+    # the steps' compute: a few tenths of a microsecond of checks before each fetch.
+
+    def _fast(self, entry: Loader, source: Any, short: Any, slow: Any, cell: list[Any]) -> Any:
+        """The torch iterator's ``_next_data`` for a pass with a short path (NOTE [ The fast
+        path ]); ``slow`` asks the pass."""
+        prof: Any = entry.prof
+        log: StepLog = prof._steps_log
+        local = self._local
+        run = self
+        cls = log.classified
+
+        def next_data() -> Any:
+            nonlocal cls
+            if (
+                short.left
+                and run._log is log
+                and run.current is cell[0]
+                and log.classified == cls
+                and prof._comm is None
+                and (run.batches is None or run.profiled + 1 < run.batches)
+                and (run.snapshot_path is None or short.t1 < run._next_snapshot)
+            ):
+                k = entry.steps
+                quiet = k >= REGIONS_FIRST and k % REGIONS_EVERY != 0
+                pass_: Any = cell[0]
+                pass_.quiet = run._quiet = quiet
+                local.inside += 1
+                try:
+                    batch = source.fast_next(short)
+                except StopIteration:  # the pass ends its way
+                    pass
+                else:
+                    log.fast.append((short.t0, short.t1, None if k < REGIONS_FIRST else not quiet))
+                    entry.steps = k + 1
+                    entry.region_steps += not quiet
+                    run.profiled += 1
+                    return batch
+                finally:
+                    local.inside -= 1
+            batch = slow()
+            cls = log.classified
+            return batch
+
+        return next_data
+
+    def _steps(self, entry: Loader, steps: Any, cell: list[Any] | None = None) -> Any:
         local = self._local
         p = _Pass(entry, self.current if self.current is not None else None, clock())
+        if cell is not None:
+            cell[0] = p
         if p.outer is not None:
             entry.nested_in.add(p.outer.entry.label)
         entry.passes += 1

@@ -412,3 +412,107 @@ def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_to
         assert r["total_s"] == pytest.approx(scaled, rel=0.01)
     text = " ".join(report.render("text").split())
     assert f"timed in {len(timed)} of 100 steps" in text
+
+
+def _fast_path_loop(monkeypatch: pytest.MonkeyPatch, fast: bool, fail_at: int | None = None):
+    """300 steps of a known fetch (4 samples of 0.05 ms) and compute (0.3 ms), a nested pass of
+    another loader every 50 steps; with the fast path (NOTE [ The fast path ] in runner.py) or
+    with every batch asking the pass. Returns the report, the session and the fast fetches."""
+    import torch
+    from pipelines import spin
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+    from pipeprof.collect.torch.loader import ProfiledLoader
+    from pipeprof.runner import Run
+
+    if not fast:
+        monkeypatch.setattr(Run, "_fast", lambda self, entry, src, short, slow, cell: slow)
+    fetched = [0]
+    fast_next = ProfiledLoader.fast_next
+
+    def counted(self: ProfiledLoader, short: object) -> object:
+        fetched[0] += 1
+        return fast_next(self, short)
+
+    monkeypatch.setattr(ProfiledLoader, "fast_next", counted)
+
+    class Known(Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 1200
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            spin(0.05)
+            return torch.full((4,), float(i)), i % 2
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    val = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+    seen = []
+    run = Run(sample_hz=0)
+    run.install()
+    try:
+        for i, (x, y) in enumerate(DataLoader(Known(), batch_size=4)):
+            seen.append(int(x[0, 0]))
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            spin(0.3)
+            if i % 50 == 49:
+                for (v,) in val:
+                    model(v)
+            if i == fail_at:
+                raise KeyError("the user's own")
+    except KeyError:
+        pass
+    finally:
+        run.uninstall()
+    assert seen == list(range(0, 4 * len(seen), 4))  # the batches the loader makes, in order
+    [(entry, report), _] = run.reports()
+    return report.to_dict(), entry.session, fetched[0]
+
+
+def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
+    """NOTE [ The fast path ] (runner.py): a long in-process pass's short-path batches fetched
+    past the pass's generators make the same steps, batches, samples, sampled regions and
+    unprofiled counts as through it, each step's wait and compute what was injected; a region
+    another loader's pass made in a step (the fast path stops for it) in that step's overhead."""
+    fast, session, fetched = _fast_path_loop(monkeypatch, fast=True)
+    slow, _, none = _fast_path_loop(monkeypatch, fast=False)
+    assert none == 0 and fetched >= 240  # all but the first 80 and 1 in 32 or so after
+    for key in ("steps", "epochs"):
+        assert fast["loop"][key] == slow["loop"][key] == (300 if key == "steps" else 1)
+    assert fast["batches"] == slow["batches"] == 300 and fast["samples"] == slow["samples"]
+    ab = [r["overhead"]["unprofiled_batches"] for r in (fast, slow)]
+    for key in ("batches", "unprofiled_samples"):  # the same batches compared and unprofiled
+        assert ab[0][key] == ab[1][key], key
+    for key in ("steps", "timed_steps", "ab_steps"):
+        assert fast["overhead"]["step_regions"][key] == slow["overhead"]["step_regions"][key]
+    for k, r in fast["loop"]["regions"].items():
+        assert r["count"] == slow["loop"]["regions"][k]["count"], k
+    assert fast["loop"]["regions"]["DataLoader (pass)"]["count"] == 6
+    # each step as injected: its wait at least its fetch, its compute at least 0.3 ms, and the
+    # steps back to back (the next one asked when this one's parts end)
+    ring = list(session.loop.step_ring)
+    assert len(ring) == 300
+    for k, (t_req, wait, transfer, compute, _) in enumerate(ring):
+        assert wait >= 0.2e6 and compute >= 0.3e6 and transfer == 0, (k, wait, compute)
+        if k + 1 < len(ring) and k % 50 != 49:  # a nested pass's step holds its overhead too
+            gap = ring[k + 1][0] - (t_req + wait + compute)
+            assert abs(gap) < 0.15e6, (k, gap)
+    loop = fast["loop"]
+    # the other loader's passes: that step's overhead, not its compute
+    assert loop["overhead_s"] >= fast["loop"]["regions"]["DataLoader (pass)"]["total_s"] * 0.99
+    assert loop["compute_s"] >= 300 * 0.3e-3
+    assert loop["wait_s"] + loop["compute_s"] + loop["overhead_s"] <= loop["wall_s"] * 1.001
+
+
+def test_a_crash_in_a_fast_step_keeps_its_steps(monkeypatch):
+    """The user's exception in a step whose batch came the fast way: the steps up to it are all
+    in the report, as through the pass."""
+    fast, _, fetched = _fast_path_loop(monkeypatch, fast=True, fail_at=200)
+    slow, _, _ = _fast_path_loop(monkeypatch, fast=False, fail_at=200)
+    assert fetched > 100
+    assert fast["loop"]["steps"] == slow["loop"]["steps"] == 201
+    assert fast["batches"] == slow["batches"] == 201

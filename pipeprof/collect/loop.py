@@ -69,6 +69,12 @@ class StepLog:
         # its regions (None: in neither arm), and each arm's steps' compute: count, sum, squares
         self.region_arm: bool | None = None
         self.region_ab: tuple[list[int], list[int]] = ([0, 0, 0], [0, 0, 0])
+        # NOTE [ The fast path ] in runner.py: steps whose batch came the short way, each
+        # (asked, got, region arm), not yet written; ``handed``: when the step under way got its
+        # batch (0: none under way); ``classified``: regions counted for a class so far
+        self.fast: list[tuple[int, int, bool | None]] = []
+        self.handed = 0
+        self.classified = 0
 
     def region(self, key: str, start_ns: int, duration_ns: int) -> None:
         """A user region closed (``Profiler.region``): its figures, its span, its class."""
@@ -113,6 +119,7 @@ class StepLog:
         kind = region_class(key)
         if kind in self._class_ns:
             self._class_ns[kind] += max(0, duration_ns - inner)
+            self.classified += 1
 
     def comm(self, start_ns: int, duration_ns: int) -> None:
         """Time the step was blocked on communication measured off the loop's thread (DDP's
@@ -121,6 +128,7 @@ class StepLog:
         self._pending_regions["Comm"].append(duration_ns)
         self.session.spans.append(("main", "region/Comm", start_ns, duration_ns))
         self._class_ns["comm"] += duration_ns
+        self.classified += 1
 
     def begin(
         self, t_req: int, wait: int, transfer: int, first: bool, starved: int | None = None
@@ -178,8 +186,53 @@ class StepLog:
         if len(steps) >= FOLD_EVERY:
             self.fold()
 
+    def settle(self) -> int:
+        """Write the fast steps (``fast``: NOTE [ The fast path ] in runner.py): the step under
+        way before them ends when the first one asked; each but the last ends when the next one
+        asked; the last is left under way (``handed``), with the regions counted for a class
+        since the step before them, which closed in its compute (the fast path stops at the
+        first). Returns the compute written."""
+        rows, self.fast = self.fast, []
+        if not rows:
+            return 0
+        transfer0, overhead0, comm0, part = self._marks
+        first = rows[0][0] - self.handed
+        self.close(max(0, first), 0, 0)
+        t0s, t1s, arms = zip(*rows)
+        waits = [b - a for a, b in zip(t0s, t1s)]
+        computes = [a - b for a, b in zip(t0s[1:], t1s)]
+        part = self._pending["steady"]
+        n = len(computes)
+        if n:
+            zeros = [0] * n
+            for key, values in (("wait", waits[:-1]), ("starved", waits[:-1]),
+                                ("handover", zeros), ("transfer", zeros),
+                                ("compute", computes), ("comm", zeros), ("overhead", zeros),
+                                ("user_transfer", zeros)):  # fmt: skip
+                part[key].extend(values)
+            part["step"].extend(w + c for w, c in zip(waits, computes))
+            self.record.steps += n
+            self.record.step_ring.extend(
+                [a, w, 0, c, 0] for a, w, c in zip(t0s, waits, computes)
+            )
+            for arm, c in zip(arms, computes):
+                if arm is not None:
+                    a = self.region_ab[0 if arm else 1]
+                    a[0] += 1
+                    a[1] += c
+                    a[2] += c * c
+        self.begin(t0s[-1], waits[-1], 0, False)
+        self._marks = (transfer0, overhead0, comm0, part)
+        self.region_arm = arms[-1]
+        self.handed = t1s[-1]
+        if len(part["step"]) >= FOLD_EVERY:
+            self.fold()
+        return int(max(0, first) + sum(computes))
+
     def fold(self) -> None:
         """Fold the per-step values gathered since the last fold into the record's Stats."""
+        if self.fast:
+            self.settle()
         rec = self.record
         for name, part in self._pending.items():
             for key, values in part.items():

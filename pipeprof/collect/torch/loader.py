@@ -114,6 +114,7 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # the next ones like it (``Session.defer_batch``); no recorder sink, no CPU clock, no merge.
 # They count as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py),
 # their bookkeeping in ``main_ns``. Not with NVTX ranges or a copy to the device to time.
+SHORT_RUN_MOST = 256  # NOTE [ The fast path ] in runner.py: batches said ahead at most
 AB_PAIRS_FIRST = 8  # analyze/stages.py's AB_MIN_OFF: the comparison is used from 8 pairs on
 AB_PAIRS_EVERY = 4
 SAMPLE_MIN_BATCHES = 16
@@ -126,6 +127,20 @@ _AB_KEYS: dict[str, tuple[str, ...]] = {}  # arm -> its keys in ``costs``, one p
 # A worker's unprofiled batch's figures (NOTE [ Unprofiled batches ]): its track, pid, when its
 # fetch began and when it was ready, its samples, its arm and its CPU since the previous batch
 OffFigures = tuple[str, int, int, int, int, "str | None", "int | None"]
+
+
+class ShortPass:
+    """A pass's short path (NOTE [ The short path ]) as its caller may take it past the pass's
+    generator (NOTE [ The fast path ] in runner.py): what fetches a batch, whether the dataset
+    copy has stand-ins to set back, the wait's span name; ``left``: how many of the next batches
+    take it (the pass says, at each batch it yields); ``ended``: the batches are over; ``t0`` and
+    ``t1``: the last one's fetch."""
+
+    __slots__ = ("ended", "fetch", "left", "span", "swaps", "t0", "t1")
+
+    def __init__(self, fetch: Any, swaps: bool, span: str) -> None:
+        self.fetch, self.swaps, self.span = fetch, swaps, span
+        self.left, self.ended, self.t0, self.t1 = 0, False, 0, 0
 
 
 class Carrier:
@@ -600,7 +615,7 @@ class ProfiledLoader:
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self._swapped: list[Any] = []  # the stand-ins an unprofiled batch set aside
         self._lean = [0, 0, 0]  # NOTE [ The short path ]: its batches, samples, own ns so far
-        self._opened: Any = None  # a pass's torch iterator, for ``open`` to return
+        self._opened: Any = (None, None)  # a pass's torch iterator and short path, for ``open``
         self._starts: list[float] = []  # ms of ``iter()`` per worker it started, each pass
         self.session = session
         session.notes.extend(notes)
@@ -625,14 +640,56 @@ class ProfiledLoader:
     def __iter__(self) -> Iterator[Any]:
         return self.open()[0]
 
-    def open(self, expose: bool = False) -> tuple[Iterator[Any], Any]:
-        """A pass begun (its workers started, as a plain ``iter()`` starts them): its batches,
-        and with ``expose`` the twin's own torch iterator where the pass can answer for it (else
-        None): NOTE [ The user's own iterator ]."""
+    def open(self, expose: bool = False) -> tuple[Iterator[Any], Any, ShortPass | None]:
+        """A pass begun (its workers started, as a plain ``iter()`` starts them): its batches;
+        with ``expose`` the twin's own torch iterator where the pass can answer for it (else
+        None: NOTE [ The user's own iterator ]), and then the pass's short way past it where it
+        has one (``fast_next``: NOTE [ The fast path ] in runner.py)."""
         passes = self._pass(expose)
         next(passes)  # the pass's start; closing it from here on ends the pass
-        it, self._opened = self._opened, None
-        return passes, it
+        (it, short), self._opened = self._opened, (None, None)
+        return passes, it, short
+
+    def fast_next(self, short: ShortPass) -> Any:
+        """One of ``short.left`` batches the pass said are next and take the short path,
+        fetched past the pass's generator (NOTE [ The fast path ] in runner.py); when the
+        pass's batches are over, StopIteration, and the pass ends when it is next asked."""
+        short.left -= 1
+        try:
+            return self._short(short.fetch, short.swaps, short)
+        except StopIteration:
+            short.left, short.ended = 0, True
+            raise
+
+    def _short(self, fetch: Any, swaps: bool, short: ShortPass) -> Any:
+        """An unprofiled batch outside the comparison (NOTE [ The short path ]); its fetch's
+        start and end in ``short.t0`` / ``t1``."""
+        rec = recorder()
+        rec.enabled = False
+        if swaps:
+            self._swap(plain=True)
+        _COLLATED[0] = None
+        t0 = clock()
+        try:
+            carrier = fetch()
+        finally:
+            if swaps:
+                self._swap(plain=False)
+            rec.enabled = True
+        t1 = clock()
+        self.seen += 1
+        n = _COLLATED[0]
+        n = self._samples = n if n is not None else batch_size(carrier)
+        self.session.defer_batch(t0, t1, n, short.span)  # all of its wait starved: not known
+        self.last_starved = t1 - t0
+        lean = self._lean
+        lean[0] += 1
+        lean[1] += n
+        short.t0, short.t1 = t0, t1
+        own = clock() - t1
+        self.own_ns += own
+        lean[2] += own
+        return carrier
 
     def _pass(self, expose: bool) -> Iterator[Any]:
         persistent = self.loader.persistent_workers and self.loader.num_workers
@@ -663,25 +720,31 @@ class ProfiledLoader:
             started_ns = clock() - t_iter  # the workers forked: noted at the first batch
             span = WAIT_SPAN.format(type(it).__name__)
             fetch = it.__next__
+            nv = self.ranges
+            ab = self._ab_eligible()
+            lean = nv is None and self.h2d is None  # the short path: no NVTX, no copy to make
+            swaps = bool(getattr(self.loader.collate_fn, "swaps", ()))
+            short = ShortPass(fetch, swaps, span)
+            fast = False  # batches fetched past this generator (NOTE [ The fast path ])
             if expose and not persistent and self.h2d is None and _answerable(it):
                 # NOTE [ The user's own iterator ]: the user calls its __next__, which asks this
                 # pass for the batch; the pass reads torch's own, by a weak reference
-                fetch = functools.partial(_raw_next, weakref.ref(it))
-                self._opened = it
+                short.fetch = fetch = functools.partial(_raw_next, weakref.ref(it))
+                fast = ab and lean
+                self._opened = (it, short if fast else None)
             del it
             yield None  # begun: ``open`` returns
-            nv = self.ranges
             first = True
-            ab = self._ab_eligible()
             every = self.stage_every
             # NOTE [ Unprofiled batches ]: of the later batches, the one just before each timed
             # one is compared with it; the others take the short path below
             on_at, compared_at = every // 2, (every // 2 - 1) % every
-            lean = nv is None and self.h2d is None  # the short path: no NVTX, no copy to make
-            swaps = bool(getattr(self.loader.collate_fn, "swaps", ()))
             k = -1  # this pass's batch
             while True:
                 k += 1
+                if short.ended:  # the last asked for past this generator: none came
+                    return
+                short.left = 0  # asked here: the batches said to be next are this one's
                 s = self.session
                 # a second profile in this process would lose its records; the rule runs on from
                 # pass to pass (``seen``: this batch's index over them), so that each pass of a
@@ -696,30 +759,12 @@ class ProfiledLoader:
                 off = later and (pos != on_at or not paired)
                 if off and lean and k >= 1 and not (paired and pos == compared_at):
                     # NOTE [ The short path ]: an unprofiled batch outside the comparison
-                    rec.enabled = False
-                    if swaps:
-                        self._swap(plain=True)
-                    _COLLATED[0] = None
-                    t0 = clock()
                     try:
-                        carrier = fetch()
+                        carrier = self._short(fetch, swaps, short)
                     except StopIteration:
                         return
-                    finally:
-                        if swaps:
-                            self._swap(plain=False)
-                        rec.enabled = True
-                    t1 = clock()
-                    self.seen += 1
-                    n = _COLLATED[0]
-                    n = self._samples = n if n is not None else batch_size(carrier)
-                    s.defer_batch(t0, t1, n, span)  # all of its wait starved: not known
-                    self.last_starved = t1 - t0
-                    self._lean[0] += 1
-                    self._lean[1] += n
-                    own = clock() - t1
-                    self.own_ns += own
-                    self._lean[2] += own
+                    if fast:
+                        short.left = self._short_run(sampled)
                     yield carrier
                     continue
                 # the first batch is cold: compared with none
@@ -768,6 +813,8 @@ class ProfiledLoader:
                             nv.pop()
                         self.transfer_ns += copy_ns
                     self._merge_main(rec)
+                    if fast:
+                        short.left = self._short_run(sampled)
                     own = clock() - t1 - copy_ns  # pipeprof's bookkeeping for this batch
                     self.own_ns += own
                     s.defer(s.add_cost, "main_ns", own)
@@ -786,6 +833,24 @@ class ProfiledLoader:
                 rec.end()
                 if h5:
                     hdf5.uninstall()
+
+    def _short_run(self, sampled: bool) -> int:
+        """How many of the batches from ``seen`` on take the short path, one after the other
+        (NOTE [ The fast path ] in runner.py): the rule of ``_pass`` for batches past a pass's
+        first, up to the next one it profiles or compares."""
+        if not sampled:
+            return 0
+        every = self.stage_every
+        on_at, compared_at = every // 2, (every // 2 - 1) % every
+        seen = self.seen
+        while seen - self.seen < SHORT_RUN_MOST and seen >= TIMED_FIRST:
+            pos = seen % every
+            cycle = (seen + (on_at - pos) % every - TIMED_FIRST) // every
+            paired = cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
+            if (pos == on_at and paired) or (paired and pos == compared_at):
+                break
+            seen += 1
+        return seen - self.seen
 
     def _count_start(self, ns: int, persistent: Any) -> None:
         """``iter()`` forks the workers one after the other before the first batch: its time
