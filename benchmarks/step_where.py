@@ -8,7 +8,8 @@ each round; per part, the median over rounds of each run's median step, and of i
 (the mean holds the rare slow steps: profiled batches, folds, garbage collection). A part
 pipeprof runs no code in (the loss, ``zero_grad``) shows what its code beside it displaces.
 Last, what the report states of its cost a step (``overhead.estimated_s`` over the steps),
-against the mean step's added time.
+against the mean step's added time; and the same less the Profiler's start and stop
+(``control_s``: its calibration runs after the loop, where no step is timed).
 
     .venv/bin/python benchmarks/step_where.py --rounds 8 --steps 1500   # ~1 minute
 """
@@ -67,7 +68,10 @@ def parts_ns(how: str, steps: int) -> dict[str, list[int]]:
             run.stop_profiling()
     if run is not None:
         report = run.reports()[0][1]
-        out["stated"] = [int(report["overhead"]["estimated_s"] * 1e9 / steps)]
+        o = report["overhead"]
+        out["stated"] = [int(o["estimated_s"] * 1e9 / steps)]
+        # the loop's own: less the Profiler's start and stop (its calibration after the loop)
+        out["stated_loop"] = [int((o["estimated_s"] - o["control_s"]) * 1e9 / steps)]
     return out
 
 
@@ -96,7 +100,9 @@ def main() -> None:
         print(f"{k:10s} {got['plain'][0] / 1e3:9.1f} {med:+19.1f} {mean:+17.1f}")
     print(f"{'the step':10s} {'':9s} {total[0]:+19.1f} {total[1]:+17.1f}")
     stated = statistics.median(r["stated"][0] for r in runs["run"]) / 1e3
-    print(f"the report states {stated:.1f} µs a step: {stated / total[1]:.2f} of the mean's")
+    loop = statistics.median(r["stated_loop"][0] for r in runs["run"]) / 1e3
+    print(f"the report states {stated:.1f} µs a step: {stated / total[1]:.2f} of the mean's; "
+          f"in the loop (less start and stop) {loop:.1f}: {loop / total[1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -112,6 +112,7 @@ class Loader:
     open_passes: int = 0
     steps: int = 0  # steps handed out over its passes (NOTE [ Regions in a sample of the steps ])
     region_steps: int = 0  # of them, those whose Forward / Backward / Optimizer were timed
+    fast_ns: int = 0  # NOTE [ The fast path ]: its own time in next() (the loader's aside)
 
     @property
     def session(self) -> Any:
@@ -180,6 +181,7 @@ class Run:
         self._samplers: list[Any] = []
         self._nvml_started = False
         self._depth = 0  # 1 while the outermost Module call runs (the Forward region)
+        self._inner = 0  # Module calls inside Forward, in the steps that timed it
         self._user_profiler = False
         self.written = False  # the outputs are out (pipeprof run's CLI)
         self.on_stop: Any = None  # called when --batches ends profiling
@@ -599,6 +601,17 @@ class Run:
     # two clock reads and three appends. ``_log`` is that StepLog, set with ``current`` at each
     # batch and cleared when profiling stops; else (CUDA events, NVTX) the timer's way.
     #
+    # NOTE [ What the wrappers cost ]
+    # Every step goes through the wrappers, timed or quiet: the outermost Module call and each
+    # one inside it (counted in the timed steps, ``_inner``), ``Tensor.backward``, the optimizer's
+    # two hooks. Their call-through is in neither arm of the timed steps' comparison (both arms
+    # pay it), so it is stated from a probe: the quiet Forward wrapper around a no-op against the
+    # no-op (``step_region_ns(quiet=True)``), for each of those calls in every step. Back to
+    # back, a probe runs warm; right after the user's torch code the same frames run colder: the
+    # timed steps' measured excess over their own probe, where the comparison is used, is that
+    # loop's factor (1 to IN_SITU_MOST), and the call-through is scaled by it
+    # (``overhead.step_regions``: ``calls_per_step``, ``call_through_ns``, ``in_situ_factor``).
+    #
     # NOTE [ Regions in a sample of the steps ]
     # On that short path a loader's first REGIONS_FIRST steps time their regions, then one step
     # in REGIONS_EVERY: the other steps are quiet (``_quiet``, kept on their ``_Pass`` for a pass
@@ -835,6 +848,7 @@ class Run:
 
         def next_data() -> Any:
             nonlocal cls
+            t_in = clock()
             if (
                 short.left
                 and run._log is log
@@ -858,6 +872,8 @@ class Run:
                     entry.steps = k + 1
                     entry.region_steps += not quiet
                     run.profiled += 1
+                    # its own time in next(), but for the fetch and the loader's bookkeeping
+                    entry.fast_ns += clock() - t_in - (short.t1 - short.t0) - short.own
                     return batch
                 finally:
                     local.inside -= 1
@@ -1040,15 +1056,37 @@ class Run:
                                 "first": REGIONS_FIRST, "every": REGIONS_EVERY,
                                 "ab_steps": [on[0], off[0]], "probed_s": round(probed / 1e9, 6),
                                 "used": False}  # fmt: skip
-        s.costs["step_regions_ns"] = int(probed)
+        timed_ns = probed
+        factor = 1.0  # NOTE [ What the wrappers cost ]
         if min(on[0], off[0]) >= REGIONS_AB_MIN:
             means = [a[1] / a[0] for a in (on, off)]
             var = [max(0.0, a[2] / a[0] - m * m) / (a[0] - 1) for a, m in zip((on, off), means)]
             diff, se = means[0] - means[1], (var[0] + var[1]) ** 0.5
             meta.update({"per_step_ns": round(diff, 1), "se_ns": round(se, 1)})
             if diff > se:  # the timed steps' own excess, all in: the regions and what they displace
-                s.costs["step_regions_ns"] = int(diff * entry.region_steps)
+                timed_ns = diff * entry.region_steps
                 meta["used"] = True
+                factor = min(IN_SITU_MOST, max(1.0, timed_ns / probed)) if probed else 1.0
+        # every step's wrappers call through, timed or quiet: the outermost Module call and
+        # those inside it, the backward, the optimizer's two hooks
+        seen = self.seen
+        per_timed = self._inner / max(1, sum(e.region_steps for e in self.loaders.values()))
+        calls = ("Forward" in seen) * (1 + per_timed) + ("Backward" in seen)
+        calls += 2 * ("Optimizer" in seen)
+        through = step_region_ns(quiet=True)
+        through_ns = entry.steps * calls * through * factor
+        meta.update({"calls_per_step": round(calls, 2), "call_through_ns": round(through, 1),
+                     "in_situ_factor": round(factor, 2),
+                     "call_through_s": round(through_ns / 1e9, 6)})  # fmt: skip
+        s.costs["step_regions_ns"] = int(timed_ns + through_ns)
+        fast_ns = entry.fast_ns
+        if entry.fast_ns:  # the frames inside each fetch, as the wrappers' (NOTE [ The fast path ])
+            from pipeprof.collect.torch.loader import short_frames_ns
+
+            frames = short_frames_ns()
+            fast_ns += int(entry.steps * frames * factor)
+            meta["fetch_frames_ns"] = round(frames, 1)
+        s.costs["fast_ns"] = fast_ns
         s.meta["step_regions"] = meta
 
     def regions_note(self, report: Report) -> str:
@@ -1089,6 +1127,8 @@ REGIONS_FIRST = 16  # NOTE [ Regions in a sample of the steps ]
 REGIONS_EVERY = 8
 REGIONS_AB_MIN = 8
 _STEP_REGION_NS: list[float] = []
+_QUIET_CALL_NS: list[float] = []
+IN_SITU_MOST = 4.0  # NOTE [ What the wrappers cost ]: the in-situ factor at most
 
 
 def _forward(run: Any, local: _Local, module_call: Any, compiling: Any) -> Any:
@@ -1104,7 +1144,12 @@ def _forward(run: Any, local: _Local, module_call: Any, compiling: Any) -> Any:
     def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
         # a step that times no regions (NOTE [ Regions in a sample of the steps ]), inside
         # another Module, or traced by torch.compile
-        if run._quiet or run._depth or compiling():
+        if run._quiet:
+            return module_call(module, *args, **kwargs)
+        if run._depth:  # inside Forward: counted, for what their call-through costs
+            run._inner += 1
+            return module_call(module, *args, **kwargs)
+        if compiling():
             return module_call(module, *args, **kwargs)
         if local.inside:  # a batch being fetched: a transform, timed as a stage
             return module_call(module, *args, **kwargs)
@@ -1133,13 +1178,15 @@ def _forward(run: Any, local: _Local, module_call: Any, compiling: Any) -> Any:
     return __call__
 
 
-def step_region_ns(calls: int = 2000) -> float:
+def step_region_ns(calls: int = 2000, quiet: bool = False) -> float:
     """Nanoseconds one Forward / Backward / Optimizer region costs a step on the short path
     (NOTE [ Regions on a short path ]): the Forward wrapper itself around a no-op, into a
     StepLog of its own, against the bare no-op calls; the median of three runs, measured once a
-    process and kept (a few ms)."""
-    if _STEP_REGION_NS:
-        return _STEP_REGION_NS[0]
+    process and kept (a few ms). ``quiet``: the wrapper calling straight through, as in a step
+    that times none (NOTE [ Regions in a sample of the steps ])."""
+    cached = _QUIET_CALL_NS if quiet else _STEP_REGION_NS
+    if cached:
+        return cached[0]
     from pipeprof.core.session import Session
 
     def noop(module: Any) -> None:
@@ -1147,7 +1194,8 @@ def step_region_ns(calls: int = 2000) -> float:
 
     class Host:  # what the wrapper reads of a Run
         _depth = 0
-        _quiet = False
+        _inner = 0
+        _quiet = quiet
         _log: StepLog | None = StepLog(Session())
         seen: set[str] = set()
 
@@ -1164,8 +1212,8 @@ def step_region_ns(calls: int = 2000) -> float:
         for _ in range(calls):
             noop(None)
         results.append((2 * t1 - t0 - clock()) / calls)
-    _STEP_REGION_NS.append(max(0.0, sorted(results)[1]))
-    return _STEP_REGION_NS[0]
+    cached.append(max(0.0, sorted(results)[1]))
+    return cached[0]
 
 
 def _callback_list(kind: str, trainer: Any) -> tuple[Any, Any]:

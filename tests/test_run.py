@@ -350,9 +350,17 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
     assert loop["compute_s"] >= regions["Forward"]["total_s"]  # compute keys: in compute
     each = step_region_ns()
     assert 0 < each < 20_000
-    # too few quiet steps to compare: the probe's cost
-    assert report["overhead"]["step_regions"]["used"] is False
-    assert report["overhead"]["step_regions_s"] == pytest.approx(3 * timed * each / 1e9, abs=1e-6)
+    # too few quiet steps to compare: the probe's cost; and in every step the wrappers' call-
+    # through (NOTE [ What the wrappers cost ]): Forward and the Linear inside it, the backward,
+    # the optimizer's two hooks, at the quiet wrapper's probe, unscaled
+    sampled = report["overhead"]["step_regions"]
+    assert sampled["used"] is False and sampled["in_situ_factor"] == 1.0
+    assert sampled["calls_per_step"] == 5.0
+    through = step_region_ns(quiet=True)
+    assert 0 < through < each and sampled["call_through_ns"] == pytest.approx(through, abs=0.1)
+    assert report["overhead"]["step_regions_s"] == pytest.approx(
+        (3 * timed * each + 20 * 5 * through) / 1e9, abs=1e-6
+    )
     assert "the step's Forward/Backward/Optimizer regions" in " ".join(
         report.render("text").split()
     )
@@ -400,7 +408,14 @@ def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_to
     assert (ab["steps"], ab["timed_steps"]) == (100, len(timed))
     assert ab["ab_steps"] == [len(timed) - REGIONS_FIRST, 100 - len(timed)]
     assert ab["used"] and 550_000 <= ab["per_step_ns"] <= 1_600_000, ab
-    assert o["step_regions_s"] == pytest.approx(ab["per_step_ns"] * len(timed) / 1e9, rel=1e-3)
+    # the call-through of every step's wrappers at the probe, scaled by the timed steps' own
+    # excess over theirs, at most IN_SITU_MOST (NOTE [ What the wrappers cost ])
+    assert ab["in_situ_factor"] == runner.IN_SITU_MOST and ab["calls_per_step"] == 4.0
+    through = 100 * 4 * step_region_ns(quiet=True) * runner.IN_SITU_MOST
+    assert ab["call_through_s"] == pytest.approx(through / 1e9, abs=1e-6)
+    assert o["step_regions_s"] == pytest.approx(
+        (ab["per_step_ns"] * len(timed) + through) / 1e9, rel=1e-3
+    )
     assert ab["probed_s"] == pytest.approx(3 * len(timed) * each / 1e9, abs=1e-6)
     regions = report["loop"]["regions"]
     for k in ("Forward", "Backward", "Optimizer"):
@@ -493,14 +508,22 @@ def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
         assert r["count"] == slow["loop"]["regions"][k]["count"], k
     assert fast["loop"]["regions"]["DataLoader (pass)"]["count"] == 6
     # each step as injected: its wait at least its fetch, its compute at least 0.3 ms, and the
-    # steps back to back (the next one asked when this one's parts end)
+    # steps back to back: the next one asked when this one's parts end (a fast step's exactly;
+    # one made through the pass leaves pipeprof's bookkeeping out of its parts)
     ring = list(session.loop.step_ring)
     assert len(ring) == 300
+    gaps = []
     for k, (t_req, wait, transfer, compute, _) in enumerate(ring):
         assert wait >= 0.2e6 and compute >= 0.3e6 and transfer == 0, (k, wait, compute)
         if k + 1 < len(ring) and k % 50 != 49:  # a nested pass's step holds its overhead too
-            gap = ring[k + 1][0] - (t_req + wait + compute)
-            assert abs(gap) < 0.15e6, (k, gap)
+            gaps.append(ring[k + 1][0] - (t_req + wait + compute))
+    assert min(gaps) >= 0, min(gaps)
+    assert sum(g == 0 for g in gaps) >= 200 and sorted(gaps)[len(gaps) // 2] < 20_000
+    # the fast path's own time in next(), measured in each of its steps, is stated with the
+    # loader's bookkeeping there
+    fast_ns, main_ns = session.costs["fast_ns"], session.costs["main_ns"]
+    assert 0 < fast_ns < fetched * 50_000
+    assert fast["overhead"]["main_s"] == pytest.approx((fast_ns + main_ns) / 1e9, abs=2e-6)
     loop = fast["loop"]
     # the other loader's passes: that step's overhead, not its compute
     assert loop["overhead_s"] >= fast["loop"]["regions"]["DataLoader (pass)"]["total_s"] * 0.99

@@ -287,7 +287,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     unprofiled, in the training process or in the workers, the regions' cost is measured
     instead: the CPU per sample of the profiled batches over the unprofiled ones
     (``unprofiled_batches``, see ``unprofiled_ab``).
-    Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``), between the
+    Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``; with ``pipeprof
+    run``'s fast path, its own: ``fast_ns``), between the
     loop's steps (``loop_s``, by the clock) and in ``Profiler()``, ``start`` and ``stop``
     (``control_s``), folding the records (``settle_s``), the sampler threads (``sampler_s``) and
     building the profiled twin of a loader (``setup_s``) and the snapshots of a running loop
@@ -341,7 +342,8 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
             wab["probed_s"] = round(regions_s, 6)
             regions_s = (wab["per_sample_ns"] * profiled + main_events * each_ns) / 1e9
             wab["used"] = True
-    main_s = costs.get("main_ns", 0) / 1e9
+    # in next(): the loader's bookkeeping, and the fast path's own (NOTE [ The fast path ])
+    main_s = (costs.get("main_ns", 0) + costs.get("fast_ns", 0)) / 1e9
     loop_s = costs.get("loop_ns", 0) / 1e9
     control_s = costs.get("control_ns", 0) / 1e9  # Profiler(), start() and stop()
     settle_s = costs.get("settle_ns", 0) / 1e9
