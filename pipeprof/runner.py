@@ -218,6 +218,9 @@ class Run:
 
         from pipeprof.collect.torch.loader import Collate
 
+        if self.sample_hz:  # the host sampler's modules load with torch's, not in the first
+            _load_samplers()  # pass's iter() (the loop's time): 5-25 ms
+
         run = self
         orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
 
@@ -1129,6 +1132,16 @@ REGIONS_AB_MIN = 8
 _STEP_REGION_NS: list[float] = []
 _QUIET_CALL_NS: list[float] = []
 IN_SITU_MOST = 4.0  # NOTE [ What the wrappers cost ]: the in-situ factor at most
+
+
+def _load_samplers() -> None:
+    """The host sampler's modules, psutil among them (which it loads itself as it starts)."""
+    import pipeprof.collect.samplers  # noqa: F401
+
+    try:
+        import psutil  # noqa: F401
+    except ImportError:  # the sampler says so when it starts
+        pass
 
 
 def _forward(run: Any, local: _Local, module_call: Any, compiling: Any) -> Any:

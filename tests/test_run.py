@@ -539,3 +539,26 @@ def test_a_crash_in_a_fast_step_keeps_its_steps(monkeypatch):
     assert fetched > 100
     assert fast["loop"]["steps"] == slow["loop"]["steps"] == 201
     assert fast["batches"] == slow["batches"] == 201
+
+
+def test_the_first_pass_loads_no_module_of_pipeprof_or_psutil():
+    """The host sampler's modules (psutil) load when torch is patched, at the script's start,
+    not in the first ``iter()`` of a loader, where they were the loop's time (issue 38)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from pipeprof.runner import Run
+
+    for name in [m for m in sys.modules if m.startswith(("pipeprof.collect.samplers", "psutil"))]:
+        del sys.modules[name]  # as in a fresh process (test_run imports psutil itself)
+    run = Run(sample_hz=10)
+    run.install()
+    try:
+        before = set(sys.modules)
+        it = iter(DataLoader(torch.arange(8.0), batch_size=4))
+        loaded = {m for m in set(sys.modules) - before if m.startswith(("pipeprof", "psutil"))}
+        assert [b.tolist() for b in it] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    finally:
+        run.uninstall()
+        run.stop_profiling()
+    assert loaded == set(), loaded
