@@ -1024,7 +1024,7 @@ class Run:
             s = entry.session
             s.interrupted = s.interrupted or interrupted
             if s.loop is not None:
-                self._step_regions(entry, s)
+                self._step_costs(entry, s)
             for sampler in self._samplers:
                 if isinstance(sampler, NvmlSampler):
                     s.gpu = sampler.to_dict()
@@ -1046,13 +1046,28 @@ class Run:
                     s.notes.append(self.regions_note(Report(s)))
         return [(e, Report(e.session)) for e in used]
 
-    def _step_regions(self, entry: Loader, s: Any) -> None:
+    def _step_costs(self, entry: Loader, s: Any) -> None:
+        """What the Forward / Backward / Optimizer regions cost the steps, in how many of them
+        they were timed (NOTE [ Regions in a sample of the steps ]), and what the fast path
+        cost (NOTE [ The fast path ]; NOTE [ What the wrappers cost ])."""
+        factor = self._step_regions(entry, s)
+        fast_ns = entry.fast_ns
+        if fast_ns:  # and the frames inside each fetch, as the wrappers' call-through
+            from pipeprof.collect.torch.loader import short_frames_ns
+
+            frames = short_frames_ns()
+            fast_ns += int(entry.steps * frames * factor)
+            s.meta["fast_path"] = {"frames_ns": round(frames, 1), "in_situ_factor": factor}
+        s.costs["fast_ns"] = fast_ns
+
+    def _step_regions(self, entry: Loader, s: Any) -> float:
         """What the Forward / Backward / Optimizer regions cost the steps, and in how many of
-        them they were timed (NOTE [ Regions in a sample of the steps ])."""
+        them they were timed (NOTE [ Regions in a sample of the steps ]); returns the in-situ
+        factor (NOTE [ What the wrappers cost ]; 1 where not measured)."""
         regions = s.loop.regions
         timed = sum(regions[k].count for k in STEP_REGIONS if k in regions)
         if not timed:
-            return
+            return 1.0
         probed = timed * step_region_ns()
         on, off = entry.prof._steps_log.region_ab if entry.prof is not None else ([0] * 3,) * 2
         meta: dict[str, Any] = {"steps": entry.steps, "timed_steps": entry.region_steps,
@@ -1082,15 +1097,8 @@ class Run:
                      "in_situ_factor": round(factor, 2),
                      "call_through_s": round(through_ns / 1e9, 6)})  # fmt: skip
         s.costs["step_regions_ns"] = int(timed_ns + through_ns)
-        fast_ns = entry.fast_ns
-        if entry.fast_ns:  # the frames inside each fetch, as the wrappers' (NOTE [ The fast path ])
-            from pipeprof.collect.torch.loader import short_frames_ns
-
-            frames = short_frames_ns()
-            fast_ns += int(entry.steps * frames * factor)
-            meta["fetch_frames_ns"] = round(frames, 1)
-        s.costs["fast_ns"] = fast_ns
         s.meta["step_regions"] = meta
+        return factor
 
     def regions_note(self, report: Report) -> str:
         """Which parts of compute were seen, and what the rest is."""

@@ -429,7 +429,9 @@ def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_to
     assert f"timed in {len(timed)} of 100 steps" in text
 
 
-def _fast_path_loop(monkeypatch: pytest.MonkeyPatch, fast: bool, fail_at: int | None = None):
+def _fast_path_loop(
+    monkeypatch: pytest.MonkeyPatch, fast: bool, fail_at: int | None = None, regions: bool = True
+):
     """300 steps of a known fetch (4 samples of 0.05 ms) and compute (0.3 ms), a nested pass of
     another loader every 50 steps; with the fast path (NOTE [ The fast path ] in runner.py) or
     with every batch asking the pass. Returns the report, the session and the fast fetches."""
@@ -464,7 +466,7 @@ def _fast_path_loop(monkeypatch: pytest.MonkeyPatch, fast: bool, fail_at: int | 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     val = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
     seen = []
-    run = Run(sample_hz=0)
+    run = Run(sample_hz=0, regions=regions)
     run.install()
     try:
         for i, (x, y) in enumerate(DataLoader(Known(), batch_size=4)):
@@ -529,6 +531,18 @@ def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
     assert loop["overhead_s"] >= fast["loop"]["regions"]["DataLoader (pass)"]["total_s"] * 0.99
     assert loop["compute_s"] >= 300 * 0.3e-3
     assert loop["wait_s"] + loop["compute_s"] + loop["overhead_s"] <= loop["wall_s"] * 1.001
+
+
+def test_the_fast_path_states_its_cost_with_no_regions_timed(monkeypatch):
+    """``--no-regions``: no in-situ factor is measured, and the fast path's own time and its
+    fetch frames are still stated, the frames at their probe unscaled."""
+    from pipeprof.collect.torch.loader import short_frames_ns
+
+    report, session, fetched = _fast_path_loop(monkeypatch, fast=True, regions=False)
+    assert fetched >= 240 and not report["overhead"].get("step_regions")
+    assert session.meta["fast_path"]["in_situ_factor"] == 1.0
+    frames = 300 * short_frames_ns()
+    assert session.costs["fast_ns"] > frames > 0
 
 
 def test_a_crash_in_a_fast_step_keeps_its_steps(monkeypatch):

@@ -195,7 +195,7 @@ class StepLog:
         rows, self.fast = self.fast, []
         if not rows:
             return 0
-        transfer0, overhead0, comm0, part = self._marks
+        transfer0, overhead0, comm0, _ = self._marks
         first = rows[0][0] - self.handed
         self.close(max(0, first), 0, 0)
         t0s, t1s, arms = zip(*rows)
