@@ -614,6 +614,10 @@ class Run:
     # timed steps' measured excess over their own probe, where the comparison is used, is that
     # loop's factor (1 to IN_SITU_MOST), and the call-through is scaled by it
     # (``overhead.step_regions``: ``calls_per_step``, ``call_through_ns``, ``in_situ_factor``).
+    # So are the short path's frames inside each fetch of the fast path (``short_frames_ns`` in
+    # collect/torch/loader.py; ``meta["fast_path"]``). On issue 38's tiny step this states about
+    # 0.7 of what the step measures (docs/run.md): what pipeprof's frames slow in the user's own
+    # torch code beside them is larger than this factor says.
     #
     # NOTE [ Regions in a sample of the steps ]
     # On that short path a loader's first REGIONS_FIRST steps time their regions, then one step
@@ -825,7 +829,8 @@ class Run:
     # In the training process, most of a long pass's batches take the short path (NOTE [ The
     # short path ] in collect/torch/loader.py). Through the pass they still went through three
     # generators (this Run's pass, the Profiler's steps and the loader's pass) and the step log's
-    # bookkeeping, each step: issue 38's tiny step paid 34 µs a step for it, by the median step.
+    # bookkeeping, each step: issue 38's tiny step took 28-30 µs a step longer than plain by the
+    # median step, 19-24 with this path (docs/run.md).
     # Where torch's own iterator asks the pass (NOTE [ The user's own iterator ]), the loader's
     # pass says at each batch it yields how many of the next ones take the short path
     # (``ShortPass.left``); ``_fast`` is the iterator's ``_next_data`` and fetches those itself
@@ -837,8 +842,9 @@ class Run:
     # current pass changed (a loader nested in the step), a region was counted for a class in the
     # last step (the user's own regions; the rows cannot split them), DDP's communication is
     # timed, profiling stops, ``--batches`` is reached or a snapshot is due; and at the end of the
-    # batches. What the fast path costs beyond the loader's own bookkeeping (``main_ns``) is in
-    # the steps' compute: a few tenths of a microsecond of checks before each fetch.
+    # batches. Its own time in each ``next()`` is measured as it runs (``Loader.fast_ns``: from
+    # the request to the hand-over, less the fetch and the loader's bookkeeping) and stated with
+    # ``main_ns``; the frames inside each fetch, at their probe (NOTE [ What the wrappers cost ]).
 
     def _fast(self, entry: Loader, source: Any, short: Any, slow: Any, cell: list[Any]) -> Any:
         """The torch iterator's ``_next_data`` for a pass with a short path (NOTE [ The fast
