@@ -17,6 +17,7 @@ built after the window.
 ROOT if it is empty, RandomResizedCrop + flip + ToTensor + Normalize), ``--samples`` files.
 
     .venv/bin/python benchmarks/inprocess_cost.py --rounds 9 --json inprocess.json   # ~1 min
+    .venv/bin/python benchmarks/inprocess_cost.py --how run   # as ``pipeprof run`` profiles it
     .venv/bin/python benchmarks/inprocess_cost.py --samples 20000 --rounds 21 --cheap  # ~1 min
     .venv/bin/python benchmarks/inprocess_cost.py --jpeg /tmp/jpeg160 --samples 2048 \
         --batch-size 16 --rounds 9 --sample-hz 0   # ~4 min
@@ -68,14 +69,28 @@ class MnistLike:
         return self.transform(Image.fromarray(self.images[i], mode="L")), self.labels[i]
 
 
-def epoch(variant: str, loader: Any, sample_hz: float | None = None) -> dict[str, Any]:
+def epoch(
+    variant: str, loader: Any, sample_hz: float | None = None, how: str = "profiler"
+) -> dict[str, Any]:
     gc.collect()
     c0, t0 = time.process_time(), time.perf_counter()
     prof: Any = None
+    run: Any = None
     n = 0
     if variant == "plain":
         for x, _ in loader:
             n += len(x)
+    elif variant == "pipeprof" and how == "run":  # what ``pipeprof run`` installs
+        from pipeprof.runner import Run
+
+        run = Run() if sample_hz is None else Run(sample_hz=sample_hz)
+        run.install()
+        try:
+            for x, _ in loader:
+                n += len(x)
+        finally:
+            run.uninstall()
+            run.stop_profiling()
     elif variant == "pipeprof":
         import pipeprof
 
@@ -93,8 +108,9 @@ def epoch(variant: str, loader: Any, sample_hz: float | None = None) -> dict[str
         raise ValueError(variant)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     out: dict[str, Any] = {"samples": n, "cpu_us_per_sample": cpu * 1e6 / n, "wall_s": wall}
-    if prof is not None:
-        over = prof.report()["overhead"] or {}
+    if prof is not None or run is not None:
+        report = prof.report() if prof is not None else run.reports()[0][1]
+        over = report["overhead"] or {}
         out["reported_fraction"] = over.get("estimated_fraction")
         out["reported_s"] = over.get("estimated_s")
         out["unprofiled_batches"] = over.get("unprofiled_batches")
@@ -116,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cheap", action="store_true", help="samples made tensors only (few µs)")
     ap.add_argument("--jpeg", metavar="ROOT", help="the JPEG pipeline over this folder")
     ap.add_argument("--sample-hz", type=float, help="pipeprof's sampling rate (its default)")
+    ap.add_argument("--how", choices=("profiler", "run"), default="profiler",
+                    help="pipeprof by hand (Profiler.wrap), or as pipeprof run installs it")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args(argv)
     from torch.utils.data import DataLoader
@@ -134,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
     variants = ["plain", "pipeprof", "torch.profiler"]
     for v in variants:  # warm-up: imports, Kineto; not reported
-        epoch(v, loader, args.sample_hz)
+        epoch(v, loader, args.sample_hz, args.how)
     rounds = []
     for r in range(args.rounds):
         k = r % len(variants)
-        res = {v: epoch(v, loader, args.sample_hz) for v in variants[k:] + variants[:k]}
+        res = {v: epoch(v, loader, args.sample_hz, args.how) for v in variants[k:] + variants[:k]}
         rounds.append(res)
         line = "  ".join(f"{v} {res[v]['cpu_us_per_sample']:.1f} us" for v in variants)
         print(f"round {r + 1}/{args.rounds}: {line}", file=sys.stderr)
