@@ -752,11 +752,7 @@ class ProfiledLoader:
                 # short loader's epochs takes its turn
                 sampled = ab and rec.active == 1
                 later = sampled and self.seen >= TIMED_FIRST  # the profile's first all timed
-                pos = self.seen % every
-                # the cycle of the profiled batch this one is or comes before (NOTE [ The short
-                # path ]): its pair compared and its batch profiled, or all of it unprofiled
-                cycle = (self.seen + (on_at - pos) % every - TIMED_FIRST) // every
-                paired = cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
+                pos, paired = _place(self.seen, every)
                 off = later and (pos != on_at or not paired)
                 if off and lean and k >= 1 and not (paired and pos == compared_at):
                     # NOTE [ The short path ]: an unprofiled batch outside the comparison
@@ -846,10 +842,8 @@ class ProfiledLoader:
         on_at, compared_at = every // 2, (every // 2 - 1) % every
         seen = self.seen
         while seen - self.seen < SHORT_RUN_MOST and seen >= TIMED_FIRST:
-            pos = seen % every
-            cycle = (seen + (on_at - pos) % every - TIMED_FIRST) // every
-            paired = cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
-            if (pos == on_at and paired) or (paired and pos == compared_at):
+            pos, paired = _place(seen, every)
+            if paired and pos in (on_at, compared_at):
                 break
             seen += 1
         return seen - self.seen
@@ -1146,6 +1140,15 @@ def _answerable(it: Any) -> bool:
     return cls.__next__ is _BaseDataLoaderIter.__next__ and callable(
         getattr(cls, "_next_data", None)
     )
+
+
+def _place(seen: int, every: int) -> tuple[int, bool]:
+    """Where batch ``seen`` of the profile falls in its cycle of ``every`` (NOTE [ The short
+    path ]), and whether that cycle is one whose pair is compared and whose batch is profiled
+    (else all of it is unprofiled)."""
+    pos = seen % every
+    cycle = (seen + (every // 2 - pos) % every - TIMED_FIRST) // every
+    return pos, cycle < AB_PAIRS_FIRST or not cycle % AB_PAIRS_EVERY
 
 
 def short_frames_ns(calls: int = 2000) -> float:
