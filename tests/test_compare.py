@@ -217,11 +217,24 @@ def test_cli_compare(fix, tmp_path):
     assert res.returncode == 2 and "no such pipeprof file" in res.stderr
 
 
+def test_a_stage_timed_in_two_strata_is_as_noisy_as_its_weights_say():
+    # 16 first calls as they are and 5 later ones standing for 8 each (NOTE [ Unprofiled
+    # batches ]), all of 1 ms with a spread of 0.5: the total's spread is that of 16 + 5 * 8^2
+    # calls' worth, not of 21 calls' mean
+    from pipeprof.analyze.compare import _stage_half
+
+    row = {"std_ms": 0.5, "count": 21, "mean_ms": 1.0, "total_s": 0.056, "per_sample_ms": 1.0}
+    assert _stage_half(row) == pytest.approx(1.96 * 2**0.5 * 0.5 / 21**0.5)  # as if equal
+    weighed = _stage_half({**row, "scaled": 8.0})
+    assert weighed == pytest.approx(1.96 * 2**0.5 * 0.5 * (16 + 64 * 5) ** 0.5 / 56)
+    assert weighed > 1.45 * _stage_half(row)  # 1.5 times as wide
+
+
 def noisy_run(load_ms: float = 20.0, steps: int = 60) -> pipeprof.Report:
     """A loop whose steps wait unevenly (3 samples in 10 cost ``load_ms``, a 10 ms step), with
-    the host sampler on. Every batch's stages timed: a stage timed in 1 batch in 8 after the
-    first 16 is scaled from 5 of these 60 batches, a spread ``compare``'s noise for stages does
-    not yet weigh (its calls counted as if equal)."""
+    the host sampler on. Every batch's stages timed: timed in 1 batch in 8 after the first 16,
+    a stage would be scaled from 5 of these 60 batches, and its noise as wide as that is
+    (``test_a_stage_timed_in_two_strata_is_as_noisy_as_its_weights_say``)."""
     prof = pipeprof.Profiler(sample_hz=20, stage_every=1)
     with prof:
         for _ in prof.wrap(DataLoader(Sometimes(steps, p=0.3, ms=load_ms), batch_size=1)):

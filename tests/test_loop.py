@@ -544,6 +544,7 @@ def test_stage_totals_are_scaled_in_two_strata():
     assert table["transform"]["total_s"] == pytest.approx((36e6 + 32e6 * 8) / 1e9)
     assert table["transform"]["mean_ms"] == pytest.approx(68 / 96, rel=1e-6)  # as timed
     assert table["step"]["total_s"] == pytest.approx(5e-9)  # the loop's: timed every step
+    assert table["load"]["scaled"] == pytest.approx(8) and "scaled" not in table["step"]
     old = stage_table(session(first=False))
     assert old["load"]["total_s"] == pytest.approx(136e6 * 320 / 96 / 1e9)
     assert old["transform"]["mean_ms"] == pytest.approx(68 / 96, rel=1e-6)

@@ -125,12 +125,22 @@ def _stages(b: dict[str, Any], a: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _stage_half(row: dict[str, Any]) -> float | None:
-    """A stage's rerun half-width in ms per sample: its calls' spread (``std_ms`` over
-    ``count``), as for independent calls, scaled to per sample."""
-    std, n, mean, per = (row.get(k) for k in ("std_ms", "count", "mean_ms", "per_sample_ms"))
+    """A stage's rerun half-width in ms per sample: its calls' spread (``std_ms``) as for
+    independent calls, each weighing what it stands for in ``total_s``. Of a stage timed in
+    two strata (NOTE [ Unprofiled batches ] in collect/torch/loader.py), the first calls count
+    once and the later ones ``scaled`` times each; their numbers follow from the totals (as if
+    of one mean): a total of ``n_f + scaled * n_l`` calls' time over ``count = n_f + n_l``
+    timed."""
+    std, n, mean, per, total = (
+        row.get(k) for k in ("std_ms", "count", "mean_ms", "per_sample_ms", "total_s")
+    )
     if std is None or not n or not mean or per is None:
         return None
-    return float(1.96 * math.sqrt(2) * std / math.sqrt(n) * per / mean)
+    weight = row.get("scaled") or 1.0
+    calls = (total or 0) * 1e3 / mean  # the calls the total stands for
+    later = min(n, max(0.0, (calls - n) / (weight - 1))) if weight > 1 else 0.0
+    spread = math.sqrt(n - later + weight * weight * later)  # the weights' root sum of squares
+    return float(1.96 * math.sqrt(2) * std * spread * per / (mean * (n - later + weight * later)))
 
 
 def _verdict(v: dict[str, Any]) -> dict[str, Any]:

@@ -63,6 +63,7 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
                     row = table[path]
                     sampled_ns = max(0, stat.total_ns - kept.get(path, 0))
                     row["total_s"] = round(row["total_s"] + sampled_ns * (scale - 1) / 1e9, 9)
+                    row["scaled"] = round(scale, 6)  # each later timed call's weight
     ancestors = {a for p in merged for a in _ancestors(p)}
     for parent in sorted(ancestors - merged.keys(), key=lambda p: p.count("/"), reverse=True):
         kids = [k for k in table if parent_of(k) == parent]
