@@ -44,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--batches", type=_positive, default=None, help="batches to profile (one epoch)")
     d.add_argument("--html", default="pipeprof-demo.html", help="HTML report to write")
     d.add_argument("-o", "--output", default=None, help="also save the report as JSON here")
-    r = sub.add_parser("report", help="re-render a saved report")
-    r.add_argument("file", help="a JSON file written by report.save() or -o")
+    r = sub.add_parser("report", help="re-render a saved report, job report, comparison or bench")
+    r.add_argument("file", help="a JSON file pipeprof wrote (report.save(), -o, merge, compare)")
     r.add_argument(
         "--format",
         choices=FORMATS,
@@ -339,8 +339,16 @@ def _write(text: str, output: str | None) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    fmt = _format(args)
-    report = Report.load(args.file)
+    from pipeprof.report import Job, read
+
+    report = read(args.file)  # a saved report, a job report, a comparison, a benchmark
+    if isinstance(report, Job) and (args.format == "chrome" or (
+            args.output or "").endswith(_SUFFIXES["chrome"])):  # fmt: skip
+        raise ValueError(
+            f"{args.file} is a job report, which keeps no rank's timeline: make the job's trace "
+            "from the ranks' files, `pipeprof merge run.rank*.json -o job.trace.json`"
+        )
+    fmt = _format(args, FORMATS if isinstance(report, Report) else ("text", "json", "html"))
     try:  # a file's free-form parts (GPU and CPU samples) are read only here
         if fmt == "text" and not args.output:
             Console().print(report)

@@ -155,6 +155,33 @@ def load(path: str | os.PathLike[str]) -> Report:
     return Report.load(path)
 
 
+# The files pipeprof writes as plain data, by their schema: the result that draws each (a job
+# report from ``pipeprof run`` under torchrun or ``pipeprof merge``, a comparison, a benchmark)
+_SAVED = {
+    "pipeprof-job/": "pipeprof.render.job",
+    "pipeprof-compare/": "pipeprof.render.comparison",
+    "pipeprof-bench/": "pipeprof.render.bench",
+    "pipeprof-encodings/": "pipeprof.render.encodings",
+}
+
+
+def read(path: str | os.PathLike[str]) -> Result:
+    """Any file pipeprof writes, as the result that renders it: a saved report (``Report``), a
+    job report (``Job``, from ``pipeprof run`` under torchrun or ``pipeprof merge``), a
+    comparison (``Comparison``) or a benchmark's result (``pipeprof bench --format json``).
+    A file that is none of these raises ``ValueError`` saying what it is and what to pass."""
+    data = _report_json(Path(path), any_schema=True)
+    schema = str(data.get("schema", "")) if data is not None else ""
+    kind = next((k for k in _SAVED if schema.startswith(k)), None)
+    if data is None or kind is None:
+        return Report.load(path)  # a saved session, or the error that says what the file is
+    if kind == "pipeprof-job/":
+        return Job(data)
+    if kind == "pipeprof-compare/":
+        return Comparison(data)
+    return _Saved(data, _SAVED[kind])
+
+
 def _as_dict(source: Source) -> tuple[dict[str, Any], str | None]:
     if isinstance(source, dict):
         return source, None
@@ -170,15 +197,20 @@ def _as_dict(source: Source) -> tuple[dict[str, Any], str | None]:
     return source.to_dict(), None
 
 
-def _report_json(path: Path) -> dict[str, Any] | None:
-    """A report saved as plain JSON, without its session; None when the file is something else
-    (a saved session, however damaged, is not one)."""
+def _report_json(path: Path, any_schema: bool = False) -> dict[str, Any] | None:
+    """A report saved as plain JSON, without its session (``any_schema``: any of pipeprof's
+    plain files); None when the file is something else (a saved session, however damaged, is
+    not one)."""
     try:
         data: Any = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    ok = isinstance(data, dict) and str(data.get("schema", "")).startswith("pipeprof/")
-    return dict(data) if ok and "stages" in data and "session" not in data else None
+    if not isinstance(data, dict) or "session" in data:
+        return None
+    schema = str(data.get("schema", ""))
+    if any_schema:
+        return dict(data) if schema.startswith("pipeprof") else None
+    return dict(data) if schema.startswith("pipeprof/") and "stages" in data else None
 
 
 def _comparable(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -191,6 +223,20 @@ def _comparable(data: dict[str, Any], path: Path) -> dict[str, Any]:
             "again (report.save(path), or `pipeprof report FILE --format json -o OUT.json`)"
         ) from None
     return data
+
+
+class _Saved(_Rendered):
+    """A benchmark's result read back from its file: drawn by its renderer module."""
+
+    def __init__(self, data: dict[str, Any], renderer: str) -> None:
+        super().__init__(data)
+        self._renderer = renderer
+
+    def _renderables(self) -> Iterable[Any]:
+        return importlib.import_module(self._renderer).renderables(self._data)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"<pipeprof result {self._data.get('schema')}>"
 
 
 class Job(_Rendered):

@@ -289,6 +289,11 @@ def test_cli_bench_puts_asked_predictions_inside_html_and_json(tmp_path, target,
     data = json.loads((tmp_path / "b.json").read_text())
     assert [p["workers"] for p in data["asked"]] == [2, 3] and data["schema"]
     capsys.readouterr()
+    assert main(["report", str(tmp_path / "b.json")]) == 0  # the saved result, drawn again
+    assert "transform/abs" in capsys.readouterr().out.replace(" ", "")
+    assert main(["report", str(tmp_path / "b.json"), "-o", str(tmp_path / "again.html")]) == 0
+    assert "abs" in (tmp_path / "again.html").read_text()
+    capsys.readouterr()
     assert main(common) == 0  # in the terminal: sentences, not Python objects
     out = capsys.readouterr().out
     assert "predicted: " in out and "samples/s at 2 workers" in out and "<Prediction" not in out

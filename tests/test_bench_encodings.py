@@ -282,6 +282,11 @@ def test_cli_bench_encodings(tmp_path, jpegs):
     assert data["schema"] == "pipeprof-encodings/1" and data["workers"] == 3
     assert data["rows"][0]["current"] and data["best"]["text"]
     assert data["anchor"]["workers"] == 3 and data["anchor"]["measured_samples_per_s"] > 0
+    saved = tmp_path / "enc.json"
+    saved.write_text(out.stdout)
+    shown = subprocess.run([sys.executable, "-m", "pipeprof", "report", str(saved)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0 and data["best"]["text"].split()[0] in shown.stdout, shown.stderr
     html = tmp_path / "enc.html"
     argv = ["bench", f"{factory}:make", "--encodings", "--samples", "4", "--repeat", "1",
             "--seconds", "0"]  # fmt: skip

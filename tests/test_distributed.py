@@ -208,6 +208,33 @@ def test_merge_of_real_rank_files_and_a_missing_rank(tmp_path, monkeypatch):
     assert "rank 2 waits" in job.render("text") and "<svg" in job.render("html")
 
 
+def test_pipeprof_report_renders_job_and_comparison_files(tmp_path, monkeypatch, capsys):
+    """``pipeprof report`` reads back what ``merge`` and ``compare`` write (as it does what
+    ``pipeprof run`` writes under torchrun: the gathered job report is the merge's, figure for
+    figure: ``test_torchrun_job_names_the_slow_rank_and_its_stage``), in every format."""
+    from pipeprof.cli import main
+
+    a = _rank_file(tmp_path, monkeypatch, 0, 2)
+    b = _rank_file(tmp_path, monkeypatch, 1, 2, wait_ms=12.0)
+    job, cmp = tmp_path / "job.json", tmp_path / "cmp.json"
+    assert main(["merge", str(a), str(b), "-o", str(job)]) == 0
+    assert main(["compare", str(a), str(b), "-o", str(cmp)]) == 0
+    said = {job: "rank 1 waits", cmp: "run.rank0.json"}
+    for f, words in said.items():
+        capsys.readouterr()
+        assert main(["report", str(f)]) == 0
+        assert words in " ".join(capsys.readouterr().out.split())
+        assert main(["report", str(f), "-o", str(tmp_path / "page.html")]) == 0
+        page = (tmp_path / "page.html").read_text()
+        assert page.startswith("<!DOCTYPE html>") and words in page
+        capsys.readouterr()
+        assert main(["report", str(f), "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out) == json.loads(f.read_text())
+    # a job report keeps no timelines: its trace comes from the ranks' files, and says so
+    assert main(["report", str(job), "-o", str(tmp_path / "job.trace.json")]) == 2
+    assert "pipeprof merge run.rank*.json -o job.trace.json" in capsys.readouterr().err
+
+
 def test_the_job_trace_puts_each_rank_on_the_wall_clock(tmp_path, monkeypatch):
     """Rank 1 profiled after rank 0 (one after the other, here): on the job trace's clock its
     spans come after rank 0's, by the time between the two runs."""
