@@ -123,6 +123,8 @@ def train_hf(tool: str) -> dict[str, float]:
         _patch_trainer(tml.TraceMLTrainerCallback())
     elif tool == "torchprof":
         _patch_trainer(None, torchprof=True)
+    elif tool == "collected":
+        gc.collect()
     here = os.path.dirname(os.path.abspath(__file__))
     runpy.run_path(os.path.join(here, "heldout", "hf_text.py"), run_name="__main__")
     return {}
