@@ -11,7 +11,8 @@ Forward/Backward/Optimizer regions; for ``hf``, its ``PipeprofCallback``); ``tra
 ``init()`` + ``trace_step`` as its README writes a plain loop; for ``hf`` its Trainer callback;
 launched by ``traceml run``); ``torchprof`` (``torch.profiler.profile`` over the whole loop,
 CPU activities, its trace written after the meter); ``collected`` (plain, with ``gc.collect()``
-before the loop: the workers fork from a collected heap). ``pipeprof run`` runs ``--tool plain``
+before the loop: the workers fork from a collected heap); ``frozen`` (the same, then
+``gc.freeze()``). ``pipeprof run`` runs ``--tool plain``
 under it. The meter: the loop's seconds, from the first ``next()`` to the last step's end
 (for ``hf``, the Trainer's ``train_samples_per_second`` made seconds), printed as METERS.
 """
@@ -83,8 +84,10 @@ def train(tool: str, work: str, root: str) -> dict[str, float]:
     ctx, stepper = tool_context(tool)
     region = ctx.region if tool == "hand" else (lambda _name: contextlib.nullcontext())
     steps = 0
-    if tool == "collected":  # plain, its heap collected before the workers fork (docs/run.md)
+    if tool in ("collected", "frozen"):  # plain, its heap collected before the workers fork
         gc.collect()
+        if tool == "frozen":  # ... and kept out of every later collection
+            gc.freeze()
     with ctx:
         t0 = time.perf_counter()
         for _ in range(epochs):
@@ -123,8 +126,10 @@ def train_hf(tool: str) -> dict[str, float]:
         _patch_trainer(tml.TraceMLTrainerCallback())
     elif tool == "torchprof":
         _patch_trainer(None, torchprof=True)
-    elif tool == "collected":
+    elif tool in ("collected", "frozen"):
         gc.collect()
+        if tool == "frozen":
+            gc.freeze()
     here = os.path.dirname(os.path.abspath(__file__))
     runpy.run_path(os.path.join(here, "heldout", "hf_text.py"), run_name="__main__")
     return {}
@@ -157,7 +162,7 @@ def _patch_trainer(callback: Any, torchprof: bool = False) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", choices=("tiny", "jpeg", "hf"), required=True)
-    tools = ("plain", "collected", "hand", "traceml", "torchprof")
+    tools = ("plain", "collected", "frozen", "hand", "traceml", "torchprof")
     p.add_argument("--tool", choices=tools, default="plain")
     p.add_argument("--root", default=os.environ.get("PEERS_ROOT", "/tmp/pipeprof-peers"))
     args = p.parse_args()

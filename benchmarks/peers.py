@@ -7,7 +7,8 @@ own, the order turned each round: ``plain``; ``run`` (``pipeprof run`` on the pl
 under ``traceml run``, which it needs for its aggregator; skipped where ``traceml_ai`` is not
 installed: ``pip install traceml-ai``); ``torchprof`` (torch.profiler over the whole loop);
 ``collected`` (plain, with ``gc.collect()`` before the loop: a loop with workers runs at a speed
-that depends on the collector's state when they fork, which any tool's set-up moves).
+that depends on the collector's state when they fork, which any tool's set-up moves); ``frozen``
+(the same, then ``gc.freeze()``).
 Per tool: the loop's seconds by the script's own meter against plain's of the same round, the
 median over rounds (and their range), and the whole command's wall time, start-up included.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 from _common import machine
 
 HERE = Path(__file__).resolve().parent
-TOOLS = ("plain", "run", "hand", "traceml", "torchprof", "collected")
+TOOLS = ("plain", "run", "hand", "traceml", "torchprof", "collected", "frozen")
 WORKS = ("tiny", "jpeg", "hf")
 
 

@@ -14,6 +14,7 @@ one); it belongs with the GPU stand-ins.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import re
@@ -1187,3 +1188,49 @@ def test_the_collate_fix_fits_what_the_samples_hold():
     assert "already arrays" in arrays and "return" not in arrays
     assert "DataCollatorWithPadding" in mine and "return" not in mine
     assert all(f.startswith("worth trying, not measured") for f in (lists, arrays, mine))
+
+
+class FullCollections(Dataset):
+    """Spins 1 ms a sample and runs a full garbage collection every 32 samples, as a worker's
+    own surviving objects (a cache) would set off: each one over the heap the worker inherited
+    from the training process (NOTE [ A full collection after fork ] in
+    collect/torch/loader.py)."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i % 32 == 31:
+            gc.collect()
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.001:
+            pass
+        return torch.zeros(4)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_full_collections_over_the_inherited_heap_are_named(frozen):
+    # the training process's own objects (and pytest's, torch's): each full collection in a
+    # forked worker writes to all of them, copying the pages; frozen before the fork (the fix),
+    # the workers' full collections skip them, and there is nothing to name (a near miss)
+    heap = [[i] for i in range(300_000)]
+    if frozen:
+        gc.collect()
+        gc.freeze()
+    try:
+        loader = DataLoader(FullCollections(), batch_size=8, num_workers=2,
+                            multiprocessing_context="fork")  # fmt: skip
+        report = pipeprof.profile(loader)
+    finally:
+        gc.unfreeze()
+    workers = report["workers"]
+    # 4 a worker, each shipped with the next batch whose stages are timed (the last may not be)
+    assert sum(w["gc_full"] for w in workers) >= 4
+    found = [f for f in report["findings"] if f["id"] == "full-gc-after-fork"]
+    if frozen:
+        assert not found, found
+        return
+    assert len(heap) and sum(w["gc_faults"] for w in workers) > 5_000  # 20 MB and more copied
+    (f,) = found
+    assert f["evidence"]["gc_s"] > 0.1 * f["evidence"]["busy_s"]
+    assert "gc.freeze()" in f["fix"] and "full garbage collections" in f["message"]

@@ -180,6 +180,9 @@ def worker_table(session: Session, wall_ns: int) -> list[dict[str, Any]]:
                 "pid": w.pid,
                 "busy_s": _s(w.busy_ns),
                 "cpu_s": _s(w.cpu_ns) if w.cpu_ns else None,  # None: not measured
+                "gc_full": w.gc_full,  # its full garbage collections, as shipped with batches
+                "gc_s": _s(w.gc_ns),
+                "gc_faults": w.gc_faults,
                 "batches": w.batches,
                 "samples": w.samples,
                 "busy_fraction": round(min(1.0, w.busy_ns / wall_ns), 6) if wall_ns else None,

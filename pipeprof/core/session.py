@@ -65,6 +65,9 @@ Mode = Literal["loader", "loop"]
 Framework = Literal["torch", "tf"]
 
 
+WORKER_KEYS = ("pid", "busy_ns", "batches", "samples", "cpu_ns", "gc_ns", "gc_full", "gc_faults")
+
+
 @dataclass
 class WorkerRecord:
     """What one worker process (or the main process, when there are no workers) produced."""
@@ -74,15 +77,14 @@ class WorkerRecord:
     batches: int = 0
     samples: int = 0
     cpu_ns: int = 0  # the process's CPU time for its batches (0: not measured)
+    # its full garbage collections, their time and page faults (NOTE [ A full collection after
+    # fork ] in collect/torch/loader.py)
+    gc_ns: int = 0
+    gc_full: int = 0
+    gc_faults: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "pid": self.pid,
-            "busy_ns": self.busy_ns,
-            "batches": self.batches,
-            "samples": self.samples,
-            "cpu_ns": self.cpu_ns,
-        }
+        return {k: getattr(self, k) for k in WORKER_KEYS}
 
 
 def _parts() -> dict[str, Stat]:
@@ -809,8 +811,7 @@ def _stat(d: Any, where: str) -> Stat:
 
 def _worker(d: Any, where: str) -> WorkerRecord:
     _need(isinstance(d, dict), where, "an object", d)
-    keys = ("pid", "busy_ns", "batches", "samples", "cpu_ns")
-    return WorkerRecord(**{k: _get(d, k, where, _is_int, _INT, 0) for k in keys})
+    return WorkerRecord(**{k: _get(d, k, where, _is_int, _INT, 0) for k in WORKER_KEYS})
 
 
 def _rows(rows: list[Any], where: str, kinds: tuple[Any, ...], shape: str) -> list[list[Any]]:
