@@ -342,13 +342,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipeprof.report import Job, read
 
     report = read(args.file)  # a saved report, a job report, a comparison, a benchmark
-    if isinstance(report, Job) and (args.format == "chrome" or (
-            args.output or "").endswith(_SUFFIXES["chrome"])):  # fmt: skip
+    fmt = _format(args)
+    if fmt == "chrome" and isinstance(report, Job):
         raise ValueError(
             f"{args.file} is a job report, which keeps no rank's timeline: make the job's trace "
             "from the ranks' files, `pipeprof merge run.rank*.json -o job.trace.json`"
         )
-    fmt = _format(args, FORMATS if isinstance(report, Report) else ("text", "json", "html"))
+    if not isinstance(report, Report):
+        fmt = _format(args, ("text", "json", "html"))
     try:  # a file's free-form parts (GPU and CPU samples) are read only here
         if fmt == "text" and not args.output:
             Console().print(report)

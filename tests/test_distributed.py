@@ -231,8 +231,9 @@ def test_pipeprof_report_renders_job_and_comparison_files(tmp_path, monkeypatch,
         assert main(["report", str(f), "--format", "json"]) == 0
         assert json.loads(capsys.readouterr().out) == json.loads(f.read_text())
     # a job report keeps no timelines: its trace comes from the ranks' files, and says so
-    assert main(["report", str(job), "-o", str(tmp_path / "job.trace.json")]) == 2
-    assert "pipeprof merge run.rank*.json -o job.trace.json" in capsys.readouterr().err
+    for out in ("job.trace.json", "job.trace"):  # both name the chrome format
+        assert main(["report", str(job), "-o", str(tmp_path / out)]) == 2
+        assert "pipeprof merge run.rank*.json -o job.trace.json" in capsys.readouterr().err
 
 
 def test_the_job_trace_puts_each_rank_on_the_wall_clock(tmp_path, monkeypatch):
