@@ -51,7 +51,7 @@ class Wrapped:
         self._it: Iterator[Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        return self._profiler._steps(self._source, self._moves)
+        return self._profiler._pass(self._source, self._moves)
 
     def __next__(self) -> Any:  # ``next(prof.wrap(it))`` on an iterator, as before
         if self._it is None:
@@ -65,6 +65,68 @@ class Wrapped:
         if name.startswith("__") or "_data" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self._data, name)
+
+
+# NOTE [ The fast path, by hand ]
+# ``Profiler.wrap``'s pass over a DataLoader in the training process (num_workers=0) takes
+# the fast path ``pipeprof run`` takes (NOTE [ The fast path ] in runner.py): the loader's pass
+# says at each batch it yields how many of the next ones take the short path, and ``FastPass``
+# fetches those past the two generators (the Profiler's steps and the loader's pass), keeping
+# each step as a row in the StepLog, which the steps write when they are next asked. They are
+# asked instead, and the step made its way, when anything else is due: another pass handed the
+# last batch (a loader nested in the step, or two zipped), a region was counted for a class in
+# the last step, DDP's communication is timed, the profile stopped, a GPU timer or NVTX ranges
+# are on, a stream snapshot is due; and at the end of the batches. Its own time in ``next()``
+# is measured as it runs and stated with the loader's (``costs["fast_ns"]``), with the frames
+# inside each fetch at their probe.
+class FastPass:
+    """One pass of ``Profiler.wrap`` over a loader with a short path (NOTE [ The fast path, by
+    hand ]): an iterator, as the generator it stands for; ``close()`` ends the pass."""
+
+    __slots__ = ("_cls", "_prof", "_short", "_source", "_steps", "mark")
+
+    def __init__(
+        self, prof: Profiler, steps: Iterator[Any], source: Any, short: Any, mark: list[int]
+    ) -> None:
+        self._prof, self._steps, self._source, self._short = prof, steps, source, short
+        self._cls = prof._steps_log.classified
+        # the last fast step's hand-over, where another pass wrote this one's fast steps: the
+        # steps' generator takes it as its own (0: none)
+        self.mark = mark
+
+    def __iter__(self) -> FastPass:
+        return self
+
+    def __next__(self) -> Any:
+        t_in = clock()
+        prof, short = self._prof, self._short
+        log = prof._steps_log
+        if (
+            short.left
+            and prof._last_pass is self.mark
+            and log.classified == self._cls
+            and prof._comm is None
+            and prof._running
+            and prof._plain_timer
+            and (prof.stream is None or time.monotonic() - prof._last_flush < prof.flush_s)
+        ):
+            try:
+                batch = self._source.fast_next(short)
+            except StopIteration:  # the pass ends its way
+                pass
+            else:
+                log.fast.append((short.t0, short.t1, None))
+                prof._fast_steps += 1
+                # its own time in next(), but for the fetch and the loader's bookkeeping
+                prof._fast_ns += clock() - t_in - (short.t1 - short.t0) - short.own
+                return batch
+        batch = next(self._steps)
+        prof._last_pass = self.mark
+        self._cls = log.classified
+        return batch
+
+    def close(self) -> None:
+        self._steps.close()  # type: ignore[attr-defined]
 
 
 class Profiler:
@@ -159,6 +221,12 @@ class Profiler:
         self._compute_cpu_wall_ns = 0
         self._compute_wall_ns = 0
         self._comm: CommClock | None = None
+        # NOTE [ The fast path, by hand ]: the mark of the FastPass that handed the last
+        # batch (not the pass: no cycle keeps a pass left early from closing; None: a pass
+        # made its way), the fast steps and their own time
+        self._last_pass: list[int] | None = None
+        self._fast_steps = 0
+        self._fast_ns = 0
         self.session.add_cost("control_ns", time.thread_time_ns() - cpu0)
 
     def compute_cpu_ns(self) -> int:
@@ -223,6 +291,10 @@ class Profiler:
         self._steps_log.fold()
         s = self.session
         s.end_ns = clock()
+        if self._fast_steps:  # NOTE [ The fast path, by hand ], with the frames in each fetch
+            from pipeprof.collect.torch.loader import short_frames_ns
+
+            s.add_cost("fast_ns", self._fast_ns + int(self._fast_steps * short_frames_ns()))
         s.meta["rank"] = ranks.current().to_dict()  # torch.distributed may be up by now
         s.meta["main_cpu_ns"] = time.process_time_ns() - self._cpu0
         s.meta["compute_cpu_ns"] = self.compute_cpu_ns()
@@ -338,12 +410,31 @@ class Profiler:
             )
         return GenericSource(data, self.session)
 
+    @property
+    def _plain_timer(self) -> bool:
+        """Regions timed by the CPU clock alone: no CUDA events to mark at each step, no NVTX."""
+        timer = self.timer
+        return type(timer) is Timer and not timer._cuda and not timer._auto
+
+    def _pass(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
+        """One pass over ``source`` (``Wrapped.__iter__``): the steps' generator, or in the
+        training process a FastPass over it (NOTE [ The fast path, by hand ])."""
+        loader = getattr(source, "user_loader", None)
+        if loader is None or loader.num_workers or not self._plain_timer:
+            return self._steps(source, moves)
+        t_open = clock()  # the pass begins here, as a plain iter() begins it
+        opened, _, short = source.open(short=True)  # type: ignore[attr-defined]
+        mark = [0]
+        steps = self._steps(source, moves, opened, t_open, mark)
+        return steps if short is None else FastPass(self, steps, source, short, mark)
+
     def _steps(
         self, source: Iterable[Any], moves: bool, opened: Iterator[Any] | None = None,
-        t_open: int = 0,
+        t_open: int = 0, mark: list[int] | None = None,
     ) -> Iterator[Any]:  # fmt: skip
         """One pass over ``source``, timed step by step; ``opened``: the pass, begun at
-        ``t_open`` (its first step's wait is from then: ``pipeprof run``'s ``iter()``)."""
+        ``t_open`` (its first step's wait is from then: ``pipeprof run``'s ``iter()``);
+        ``mark``: its FastPass's (NOTE [ The fast path, by hand ])."""
         log = self._steps_log
         # a pass is an epoch from its start (h5py's reads after the first epoch are kept apart
         # by it), but one left after its first batch is a peek (next(iter(loader)) for shapes),
@@ -374,6 +465,10 @@ class Profiler:
         own_ns = 0
         try:
             while True:
+                if log.fast:  # NOTE [ The fast path, by hand ]: another pass's, written first
+                    self._settle_other(mark)
+                if mark is not None and mark[0]:  # this pass's, written by another
+                    handed, cpu_handed, mark[0] = mark[0], 0, 0
                 if handed:  # the step's compute ends; pipeprof's bookkeeping is in no part
                     t_end = clock()
                     if log.fast:  # NOTE [ The fast path ] in runner.py: the steps since
@@ -433,11 +528,16 @@ class Profiler:
                     cpu_last = handed
                 own_ns += handed - t_got
                 log.handed = handed
+                self._last_pass = None  # NOTE [ The fast path, by hand ]: a FastPass says it
                 yield batch
         finally:
             if delivered == 1 and not ended:  # a peek: no epoch
                 log.record.epochs -= 1
             self.session.add_cost("loop_ns", max(0, own_ns))
+            if log.fast:
+                self._settle_other(mark)
+            if mark is not None and mark[0]:
+                handed, cpu_handed = mark[0], 0
             if handed:
                 t_end = clock()
                 if log.fast:  # NOTE [ The fast path ] in runner.py
@@ -452,6 +552,16 @@ class Profiler:
                 log.end(handed, t_end)
             if depth:
                 nv.pop()
+
+    def _settle_other(self, mark: list[int] | None) -> None:
+        """Write the fast steps of the pass that handed the last batch, if it is not the one
+        whose ``mark`` this is (NOTE [ The fast path, by hand ]): before this pass's step
+        begins, as they came; the last one's hand-over is that pass's to end."""
+        owner = self._last_pass
+        if owner is None or owner is mark:
+            return
+        self._compute_wall_ns += self._steps_log.settle()
+        owner[0] = self._steps_log.handed
 
     # ---- GPU compute time (CUDA events) ------------------------------------------------------
 

@@ -711,3 +711,140 @@ def test_a_peek_at_the_first_batch_is_no_epoch():
                 pass
     loop = prof.report()["loop"]
     assert loop["epochs"] == 2 + 3 and loop["steps"] == 1 + 2 * 4 + 3
+
+
+def _hand_fast_loop(monkeypatch, fast: bool, fail_at: int | None = None, zipped: bool = False):
+    """300 steps of a known fetch (4 samples of 0.05 ms) and compute (0.3 ms) through
+    ``Profiler.wrap``, another wrapped loader's pass nested every 50 steps, a user region in
+    step 120; with the fast path (NOTE [ The fast path, by hand ] in profiler.py) or every batch
+    through the steps' generator. ``zipped``: two such loaders zipped, one step each pair.
+    Returns the report, the session and the fast fetches."""
+    from pipeprof.collect.torch.loader import ProfiledLoader
+    from pipeprof.profiler import Profiler
+
+    fetched = [0]
+    fast_next = ProfiledLoader.fast_next
+
+    def counted(self, short):
+        fetched[0] += 1
+        return fast_next(self, short)
+
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(Profiler, "_pass", lambda self, source, moves: self._steps(source, moves))
+        m.setattr(ProfiledLoader, "fast_next", counted)
+        report, session = _hand_fast_steps(fail_at, zipped)
+    return report, session, fetched[0]
+
+
+def _hand_fast_steps(fail_at: int | None, zipped: bool):
+    from torch import nn
+
+    from pipeprof.profiler import Profiler
+
+    class Known(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1200
+
+        def __getitem__(self, i):
+            spin(0.05)
+            return torch.full((4,), float(i)), i % 2
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    prof = Profiler(sample_hz=0, timer="cpu")
+    val = prof.wrap(DataLoader(torch.randn(8, 4), batch_size=4))
+    try:
+        with prof:
+            data = prof.wrap(DataLoader(Known(), batch_size=4))
+            if zipped:
+                data = zip(data, prof.wrap(DataLoader(Known(), batch_size=4)))
+            for i, batch in enumerate(data):
+                x, y = batch[0] if zipped else batch
+                seen.append(int(x[0, 0]))
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                spin(0.3)
+                if i % 50 == 49:
+                    for v in val:
+                        model(v)
+                if i == 120:
+                    with prof.region("Transfer"):
+                        spin(0.1)
+                if i == fail_at:
+                    raise KeyError("the user's own")
+    except KeyError:
+        pass
+    assert seen == list(range(0, 4 * len(seen), 4))  # the batches the loader makes, in order
+    return prof.report().to_dict(), prof.session
+
+
+def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch):
+    """NOTE [ The fast path, by hand ] (profiler.py): a long in-process pass of
+    ``Profiler.wrap`` fetches its short-path batches past the generators, and makes the same
+    steps, batches, samples and unprofiled counts as through them, each step's wait and compute
+    what was injected, back to back; its own time stated with the loader's."""
+    fast, session, fetched = _hand_fast_loop(monkeypatch, fast=True)
+    slow, _, none = _hand_fast_loop(monkeypatch, fast=False)
+    assert none == 0 and fetched >= 200  # all but the first 80 and 1 in 32 or so after
+    # each of the Profiler's passes' batches is a step: 300, and 2 in each of 6 nested passes
+    for key in ("steps", "epochs"):
+        assert fast["loop"][key] == slow["loop"][key] == (312 if key == "steps" else 7)
+    assert fast["batches"] == slow["batches"] and fast["samples"] == slow["samples"]
+    ab = [r["overhead"]["unprofiled_batches"] for r in (fast, slow)]
+    for key in ("batches", "unprofiled_samples"):
+        assert ab[0][key] == ab[1][key], key
+    assert fast["loop"]["regions"]["Transfer"]["count"] == 1
+    ring = list(session.loop.step_ring)
+    mine = [ring[k + 2 * (k // 50)] for k in range(300)]  # the long pass's steps
+    assert len(ring) == 312
+    gaps = []
+    for k, (t_req, wait, transfer, compute, _) in enumerate(mine):
+        assert wait >= 0.2e6 and (transfer >= 0.1e6 if k == 120 else transfer == 0), (k, wait)
+        if k % 50 != 49:  # a step with a pass nested: its compute runs on in the nested steps
+            assert compute >= 0.3e6, (k, compute)
+        if k + 1 < len(mine) and k % 50 != 49:
+            gaps.append(mine[k + 1][0] - (t_req + wait + compute))
+    assert min(gaps) >= 0 and sum(g == 0 for g in gaps) >= 150, sorted(gaps)[:5]
+    # the user's region in step 120 is that step's transfer, as through the generator
+    assert fast["loop"]["transfer_s"] == pytest.approx(slow["loop"]["transfer_s"], rel=0.5)
+    assert fast["loop"]["transfer_s"] >= 0.1e-3
+    fast_ns, main_ns = session.costs["fast_ns"], session.costs["main_ns"]
+    assert 0 < fast_ns < fetched * 50_000
+    assert fast["overhead"]["main_s"] == pytest.approx((fast_ns + main_ns) / 1e9, abs=2e-6)
+
+
+def test_zipped_passes_and_a_crash_in_a_fast_step_keep_every_step(monkeypatch):
+    """Two wrapped loaders zipped hand each other the batches: neither takes the fast path, and
+    the steps are those of the generators. A crash in a fast step keeps the steps up to it."""
+    fast, _, fetched = _hand_fast_loop(monkeypatch, fast=True, zipped=True)
+    slow, _, _ = _hand_fast_loop(monkeypatch, fast=False, zipped=True)
+    assert fetched == 0 and fast["loop"]["steps"] == slow["loop"]["steps"] == 612
+    fast, _, fetched = _hand_fast_loop(monkeypatch, fast=True, fail_at=200)
+    slow, _, _ = _hand_fast_loop(monkeypatch, fast=False, fail_at=200)
+    assert fetched > 100  # 201 steps, and 2 in each of the 4 nested passes before the crash
+    assert fast["loop"]["steps"] == slow["loop"]["steps"] == 209
+    assert fast["batches"] == slow["batches"] == 209
+
+
+def test_a_fast_pass_left_early_ends_at_once():
+    """A ``break`` out of a pass on the fast path ends it there, as a plain loader's ends: no
+    reference cycle holds it until a collection (the pass's end flushes its batches)."""
+    import gc
+
+    prof = pipeprof.Profiler(sample_hz=0, timer="cpu")
+    gc.disable()
+    try:
+        with prof:
+            data = prof.wrap(DataLoader(torch.arange(4000.0), batch_size=4))
+            for i, _ in enumerate(data):
+                if i == 200:
+                    break
+            assert prof._fast_steps > 100
+            assert recorder().active == 0  # the pass has ended
+    finally:
+        gc.enable()
+    assert prof.report()["batches"] == 201

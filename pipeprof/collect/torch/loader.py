@@ -676,12 +676,15 @@ class ProfiledLoader:
     def __iter__(self) -> Iterator[Any]:
         return self.open()[0]
 
-    def open(self, expose: bool = False) -> tuple[Iterator[Any], Any, ShortPass | None]:
+    def open(
+        self, expose: bool = False, short: bool = False
+    ) -> tuple[Iterator[Any], Any, ShortPass | None]:
         """A pass begun (its workers started, as a plain ``iter()`` starts them): its batches;
         with ``expose`` the twin's own torch iterator where the pass can answer for it (else
         None: NOTE [ The user's own iterator ]), and then the pass's short way past it where it
-        has one (``fast_next``: NOTE [ The fast path ] in runner.py)."""
-        passes = self._pass(expose)
+        has one (``fast_next``: NOTE [ The fast path ] in runner.py), with ``expose`` or
+        ``short`` (``Profiler.wrap``'s passes, which keep torch's iterator to themselves)."""
+        passes = self._pass(expose, short)
         next(passes)  # the pass's start; closing it from here on ends the pass
         (it, short), self._opened = self._opened, (None, None)
         return passes, it, short
@@ -728,7 +731,7 @@ class ProfiledLoader:
         short.own = own
         return carrier
 
-    def _pass(self, expose: bool) -> Iterator[Any]:
+    def _pass(self, expose: bool, hand: bool = False) -> Iterator[Any]:
         persistent = self.loader.persistent_workers and self.loader.num_workers
         if self.passes and not (persistent or self.opaque):
             # A new pass reads the dataset as it is now (``set_epoch`` and the like), as the plain
@@ -769,6 +772,9 @@ class ProfiledLoader:
                 short.fetch = fetch = functools.partial(_raw_next, weakref.ref(it))
                 fast = ab and lean
                 self._opened = (it, short if fast else None)
+            elif hand and ab and lean:  # Profiler.wrap's pass reads torch's iterator itself
+                fast = True
+                self._opened = (None, short)
             del it
             yield None  # begun: ``open`` returns
             first = True
