@@ -32,7 +32,9 @@ from pipeprof.report import Report
 # on the other core), not the 1 µs it costs back to back: a read every step was most of what
 # the step split cost (docs/run.md). Spread by time, the steps read are a fair sample of the
 # run's; a pass's first 8 steps alone were not: one step of a CPU model beside a busy worker
-# used 0.9-1.5 cores, and 8 of them read the mean off by more than the rules' margin
+# used 0.9-1.5 cores, and 8 of them read the mean off by more than the rules' margin. The fast
+# paths (by hand and under ``pipeprof run``) make the step due a read its way
+# (``Profiler.cpu_read_at``): skipping them biased the sample to a pass's first steps.
 CPU_GAP_NS = 20_000_000
 
 
@@ -103,6 +105,7 @@ class FastPass:
         log = prof._steps_log
         if (
             short.left
+            and t_in < prof.cpu_read_at
             and prof._last_pass is self.mark
             and log.classified == self._cls
             and prof._comm is None
@@ -220,6 +223,9 @@ class Profiler:
         self._compute_cpu_ns = 0
         self._compute_cpu_wall_ns = 0
         self._compute_wall_ns = 0
+        #: the clock from which the next step reads the process's CPU time (CPU_GAP_NS): a fast
+        #: path makes such a step its way
+        self.cpu_read_at = 0
         self._comm: CommClock | None = None
         # NOTE [ The fast path, by hand ]: the mark of the FastPass that handed the last
         # batch (not the pass: no cycle keeps a pass left early from closing; None: a pass
@@ -423,7 +429,7 @@ class Profiler:
         if loader is None or loader.num_workers or not self._plain_timer:
             return self._steps(source, moves)
         t_open = clock()  # the pass begins here, as a plain iter() begins it
-        opened, _, short = source.open(short=True)  # type: ignore[attr-defined]
+        opened, _, short = source.open(hand=True)  # type: ignore[attr-defined]
         mark = [0]
         steps = self._steps(source, moves, opened, t_open, mark)
         return steps if short is None else FastPass(self, steps, source, short, mark)
@@ -526,6 +532,7 @@ class Profiler:
                 handed = clock()
                 if cpu_handed:
                     cpu_last = handed
+                    self.cpu_read_at = handed + CPU_GAP_NS
                 own_ns += handed - t_got
                 log.handed = handed
                 self._last_pass = None  # NOTE [ The fast path, by hand ]: a FastPass says it

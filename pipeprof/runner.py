@@ -860,6 +860,7 @@ class Run:
             t_in = clock()
             if (
                 short.left
+                and t_in < prof.cpu_read_at  # NOTE [ CPU training shares the cores ]
                 and run._log is log
                 and run.current is cell[0]
                 and log.classified == cls

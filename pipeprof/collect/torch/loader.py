@@ -677,14 +677,14 @@ class ProfiledLoader:
         return self.open()[0]
 
     def open(
-        self, expose: bool = False, short: bool = False
+        self, expose: bool = False, hand: bool = False
     ) -> tuple[Iterator[Any], Any, ShortPass | None]:
         """A pass begun (its workers started, as a plain ``iter()`` starts them): its batches;
         with ``expose`` the twin's own torch iterator where the pass can answer for it (else
         None: NOTE [ The user's own iterator ]), and then the pass's short way past it where it
         has one (``fast_next``: NOTE [ The fast path ] in runner.py), with ``expose`` or
-        ``short`` (``Profiler.wrap``'s passes, which keep torch's iterator to themselves)."""
-        passes = self._pass(expose, short)
+        ``hand`` (``Profiler.wrap``'s passes, which keep torch's iterator to themselves)."""
+        passes = self._pass(expose, hand)
         next(passes)  # the pass's start; closing it from here on ends the pass
         (it, short), self._opened = self._opened, (None, None)
         return passes, it, short
