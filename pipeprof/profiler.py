@@ -53,7 +53,7 @@ class Wrapped:
         self._it: Iterator[Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        return self._profiler._pass(self._source, self._moves)
+        return self._profiler._pass_of(self._source, self._moves)
 
     def __next__(self) -> Any:  # ``next(prof.wrap(it))`` on an iterator, as before
         if self._it is None:
@@ -141,17 +141,29 @@ class Profiler:
     ...         with prof.region("Forward"): ...
     >>> prof.report()
 
-    ``device`` moves each batch there (timed as ``transfer/h2d``). ``sample_hz`` is the NVML and
-    host sampling rate (0 turns sampling off); ``gpus`` the NVML indices to sample (default: the
-    device's). ``stream`` names a file the session is saved to every ``flush_s`` seconds while the
-    loop runs and at the end, so a crash loses at most that interval. ``replay`` keeps that many
-    batches for ``Profiler.replay`` (compute-only baseline). ``nvtx`` also emits every stage (in
-    the workers too), the loop's wait / transfer / compute and the regions as NVTX ranges for
-    Nsight Systems (``pip install 'pipeprof[nvtx]'``; where no CUDA device or no NVTX tool is
-    there, nothing is emitted and the report's notes say so: docs/integrations.md).
-    ``stage_every`` times a DataLoader's stages in one batch in that many (a pass of 16 batches
-    or more; the others run unprofiled, and the stages' totals are scaled to every sample); 1
-    times every batch, its timed regions then costing 8 times as much (docs/overhead.md).
+    Args:
+        device: where each batch is moved (the copy is timed as ``transfer/h2d``); None: the
+            batches stay where the loader puts them.
+        sample_hz: the NVML and host samplers' rate, per second; 0 turns sampling off.
+        gpus: the NVML indices to sample; None: the device's.
+        stream: a file the session is saved to every ``flush_s`` seconds while the loop runs
+            and at the end, so a crash loses at most that interval (a file per rank in a
+            distributed job).
+        flush_s: seconds between two saves to ``stream``.
+        replay: batches kept for ``Profiler.replay`` (a compute-only baseline); 0 keeps none.
+        timer: how regions are timed: ``"cpu"`` (the CPU clock), ``"cuda"`` (CUDA events) or
+            ``"auto"`` (CUDA events once the script has initialised CUDA).
+        nvml: the NVML module to sample with (tests pass a stand-in); None: ``pynvml``.
+        event_factory: makes the CUDA events regions are timed with (tests pass a stand-in);
+            None: ``torch.cuda.Event``.
+        nvtx: also emit every stage (in the workers too), the loop's wait / transfer / compute
+            and the regions as NVTX ranges for Nsight Systems (``pip install
+            'pipeprof[nvtx]'``; with no CUDA device or NVTX tool nothing is emitted and the
+            report's notes say so: docs/integrations.md).
+        stage_every: time a DataLoader's stages in one batch in that many (in a pass of 16
+            batches or more; the others run unprofiled and the stage totals are scaled to every
+            sample); 1 times every batch, its regions then costing 8 times as much
+            (docs/overhead.md).
     """
 
     def __init__(
@@ -349,10 +361,10 @@ class Profiler:
         ``comm`` (NOTE [ Comm ] in collect/comm.py); returns ``model``. Call it instead of
         ``model.register_comm_hook(state, hook)`` (DDP takes one hook), before the first
         backward; without ``hook``, DDP's own all-reduce (same results)."""
-        time_ddp(model, self._comm_target, hook, state)
+        time_ddp(model, self.comm_target, hook, state)
         return model
 
-    def _comm_target(self) -> CommClock | None:
+    def comm_target(self) -> CommClock | None:
         """Where DDP's hook records, while this Profiler runs (None: DDP's steps outside it are
         not timed, and nothing piles up)."""
         return self.comm_clock() if self._running else None
@@ -422,7 +434,7 @@ class Profiler:
         timer = self.timer
         return type(timer) is Timer and not timer._cuda and not timer._auto
 
-    def _pass(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
+    def _pass_of(self, source: Iterable[Any], moves: bool) -> Iterator[Any]:
         """One pass over ``source`` (``Wrapped.__iter__``): the steps' generator, or in the
         training process a FastPass over it (NOTE [ The fast path, by hand ])."""
         loader = getattr(source, "user_loader", None)
@@ -433,6 +445,42 @@ class Profiler:
         mark = [0]
         steps = self._steps(source, moves, opened, t_open, mark)
         return steps if short is None else FastPass(self, steps, source, short, mark)
+
+    # ---- for attachers: pipeprof run and the framework callbacks (pipeprof/attach) ------------
+
+    @property
+    def running(self) -> bool:
+        """Between ``start()`` and ``stop()``."""
+        return self._running
+
+    @property
+    def step_log(self) -> StepLog:
+        """The loop's steps as they are written: a region counted in the step under way
+        (``region``), the fast path's rows (``fast``, ``classified``), the regions' arms."""
+        return self._steps_log
+
+    @property
+    def comm_timed(self) -> bool:
+        """DDP's communication is timed in this Profiler's steps."""
+        return self._comm is not None
+
+    def release(self, loader: Any) -> None:
+        """Let go of the profiled twin of ``loader``, with its dataset and any persistent
+        workers: the loader is not iterated again."""
+        self._twins[:] = [t for t in self._twins if t[0] is not loader]
+
+    def begin_pass(self, data: Any) -> tuple[Iterator[Any], Any, Any, Any]:
+        """A pass over ``data`` begun as a plain ``iter()`` begins it (its workers started):
+        its steps, and for a DataLoader torch's own iterator where the pass can answer for it
+        (NOTE [ The user's own iterator ] in collect/torch/loader.py; else None), the pass's
+        short path (NOTE [ The fast path ] in runner.py; else None) and the profiled twin."""
+        wrapped = self.wrap(data)
+        source: Any = wrapped._source  # a ProfiledLoader for a DataLoader
+        if not is_torch_loader(data):
+            return iter(wrapped), None, None, source
+        t_open = clock()
+        opened, it, short = source.open(expose=True)
+        return self._steps(source, wrapped._moves, opened, t_open), it, short, source
 
     def _steps(
         self, source: Iterable[Any], moves: bool, opened: Iterator[Any] | None = None,
@@ -784,18 +832,25 @@ def profile(
     nvtx: bool = False,
     stage_every: int = STAGE_EVERY,
 ) -> Report:
-    """Iterate ``loader`` for ``batches`` batches (None: one epoch) and report its stages.
+    """Iterate ``loader`` on its own and report its stages, its throughput and its verdict.
 
-    ``loader`` is a ``torch.utils.data.DataLoader`` or a ``tf.data.Dataset`` (one batch is one
-    element; see docs/tfdata.md). With ``device`` (``"cuda"``, a
-    ``torch.device``) each batch is moved there as a training loop would and ``transfer/h2d`` is
-    timed. With ``nvtx`` each stage (in the workers too), each wait and each copy is also an
-    NVTX range for Nsight Systems (docs/integrations.md). The user's loader, dataset and
-    transforms are not modified. Exceptions raised by the
+    The user's loader, dataset and transforms are not modified. Exceptions raised by the
     dataset, transforms or ``collate_fn`` propagate unchanged; Ctrl-C stops early and returns a
-    report of what was measured (``report["interrupted"]`` is True). ``stage_every`` times the
-    stages in one batch in that many (a pass of 16 batches or more; 1: every batch), as in
-    ``Profiler``.
+    report of what was measured (``report["interrupted"]`` is True).
+
+    Args:
+        loader: a ``torch.utils.data.DataLoader``, or a ``tf.data.Dataset`` (one batch is one
+            element: docs/tfdata.md).
+        batches: how many batches to take; None: one epoch.
+        device: where each batch is moved, as a training loop would (``"cuda"``, a
+            ``torch.device``); the copy is timed as ``transfer/h2d``.
+        nvtx: also emit each stage (in the workers too), each wait and each copy as an NVTX
+            range for Nsight Systems (docs/integrations.md).
+        stage_every: time the stages in one batch in that many (a pass of 16 batches or more;
+            1: every batch), as in ``Profiler``.
+
+    Returns:
+        The Report (``print`` it, ``render("html")``, ``save(path)``, ``to_dict()``).
     """
     _check_batches(batches)
     _check_stage_every(stage_every)

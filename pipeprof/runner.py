@@ -63,7 +63,6 @@ from typing import Any
 
 from pipeprof.collect.loop import StepLog
 from pipeprof.collect.timer import Timer
-from pipeprof.core.detect import is_torch_loader
 from pipeprof.core.recorder import STAGE_EVERY, clock
 from pipeprof.core.regions import STEP_REGIONS
 from pipeprof.profiler import Profiler
@@ -572,7 +571,7 @@ class Run:
         p = self.current
         if p is None or self.stopped or p.entry.prof is None:
             return None
-        return p.entry.prof._comm_target()
+        return p.entry.prof.comm_target()
 
     def _comm_timer(self) -> Any:
         timer = self._timer()
@@ -639,7 +638,7 @@ class Run:
         if p is not None and not self.stopped and p.entry.prof is not None:
             timer = p.entry.prof.timer
             if type(timer) is Timer and not timer._cuda and not timer._auto:
-                log = p.entry.prof._steps_log
+                log = p.entry.prof.step_log
         self._log = log
 
     def _optimizer_starts(self, *args: Any) -> None:
@@ -750,9 +749,8 @@ class Run:
         if entry is not None and not entry.open_passes and entry.prof is not None:
             # a new loader made where the last one was (a loader per epoch): the same loop
             del self.loaders[id(entry.loader)]
+            entry.prof.release(entry.loader)  # the old loader's twin goes, with its dataset
             entry.loader = loader
-            twins = entry.prof._twins  # the old loader's twin goes, with its dataset
-            twins[:] = [t for t in twins if t[0] is loader]
             self.loaders[id(loader)] = entry
             return entry
         kind = "DataLoader" if hasattr(loader, "num_workers") else "tf.data"
@@ -803,16 +801,8 @@ class Run:
         entry = self._entry(loader)
         local = self._local
         local.inside += 1
-        it = None
-        try:
-            wrapped = entry.prof.wrap(loader)  # type: ignore[union-attr]
-            source: Any = wrapped._source  # a ProfiledLoader for a DataLoader
-            if is_torch_loader(loader):  # NOTE [ The user's own iterator ]
-                t_open = clock()
-                opened, it, short = source.open(expose=True)
-                steps = entry.prof._steps(source, wrapped._moves, opened, t_open)  # type: ignore[union-attr]
-            else:
-                steps = iter(wrapped)
+        try:  # NOTE [ The user's own iterator ]
+            steps, it, short, source = entry.prof.begin_pass(loader)  # type: ignore[union-attr]
         finally:
             local.inside -= 1
         cell: list[_Pass | None] = [None]  # the pass, once it begins
@@ -850,7 +840,7 @@ class Run:
         """The torch iterator's ``_next_data`` for a pass with a short path (NOTE [ The fast
         path ]); ``slow`` asks the pass."""
         prof: Any = entry.prof
-        log: StepLog = prof._steps_log
+        log: StepLog = prof.step_log
         local = self._local
         run = self
         cls = log.classified
@@ -864,7 +854,7 @@ class Run:
                 and run._log is log
                 and run.current is cell[0]
                 and log.classified == cls
-                and prof._comm is None
+                and not prof.comm_timed
                 and (run.batches is None or run.profiled + 1 < run.batches)
                 and (run.snapshot_path is None or short.t1 < run._next_snapshot)
             ):
@@ -951,7 +941,7 @@ class Run:
                 self._set_current(outer if outer is not None and outer.alive else None)
             if outer is not None and outer.alive and not self.stopped:
                 # a pass inside a step of another loader: that step's time, not its compute
-                outer.entry.prof._steps_log.region(  # type: ignore[union-attr]
+                outer.entry.prof.step_log.region(  # type: ignore[union-attr]
                     f"{entry.label} (pass)", p.start_ns, clock() - p.start_ns
                 )
 
@@ -1076,7 +1066,7 @@ class Run:
         if not timed:
             return 1.0
         probed = timed * step_region_ns()
-        on, off = entry.prof._steps_log.region_ab if entry.prof is not None else ([0] * 3,) * 2
+        on, off = entry.prof.step_log.region_ab if entry.prof is not None else ([0] * 3,) * 2
         meta: dict[str, Any] = {"steps": entry.steps, "timed_steps": entry.region_steps,
                                 "first": REGIONS_FIRST, "every": REGIONS_EVERY,
                                 "ab_steps": [on[0], off[0]], "probed_s": round(probed / 1e9, 6),

@@ -127,3 +127,34 @@ def test_the_checker_sees_function_level_and_type_only_imports(tmp_path):
     assert layer("pipeprof.analyze.mod") == "analyze"
     assert layer("pipeprof.report") == TOP
     assert layer("pipeprof.collect") == "collect"
+
+
+def _private_names(path: Path, cls: str) -> set[str]:
+    """The private names ``cls`` in ``path`` defines: its ``self._x`` fields and ``_x`` methods."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    [node] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+    for sub in ast.walk(node):
+        owner = sub.value if isinstance(sub, ast.Attribute) else None
+        if isinstance(owner, ast.Name) and owner.id == "self":
+            names.add(sub.attr)  # type: ignore[attr-defined]
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_nothing_outside_the_profiler_reads_its_private_fields():
+    """What profiles someone else's loop (``pipeprof run``, the framework callbacks) uses the
+    Profiler's public surface (``running``, ``step_log``, ``begin_pass``, ``release``...), not
+    its private fields: a name the Profiler keeps private, read off anything but ``self``
+    outside profiler.py, is named here."""
+    private = _private_names(ROOT / "profiler.py", "Profiler")
+    assert {"_steps_log", "_twins", "_running"} <= private
+    found = []
+    for name, path in modules().items():
+        if name == "pipeprof.profiler":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                owner = node.value
+                if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                    found.append(f"{name}:{node.lineno} .{node.attr}")
+    assert not found, "the Profiler's private fields read from outside:\n" + "\n".join(found)

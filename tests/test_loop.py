@@ -731,7 +731,7 @@ def _hand_fast_loop(monkeypatch, fast: bool, fail_at: int | None = None, zipped:
 
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(Profiler, "_pass", lambda self, source, moves: self._steps(source, moves))
+            m.setattr(Profiler, "_pass_of", lambda self, source, moves: self._steps(source, moves))
         m.setattr(ProfiledLoader, "fast_next", counted)
         report, session = _hand_fast_steps(fail_at, zipped)
     return report, session, fetched[0]

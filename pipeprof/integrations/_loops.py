@@ -144,8 +144,7 @@ class FrameworkLoops:
                 self._active -= counted
                 self._close(steps)
             if role == "val" and not getattr(loader, "persistent_workers", False):
-                twins = self.val._twins  # a loader per evaluation: its twin goes with the pass
-                twins[:] = [t for t in twins if t[0] is not loader]
+                self.val.release(loader)  # a loader per evaluation: its twin goes with the pass
 
     def _close(self, steps: Iterator[Any]) -> None:
         self._local.inside += 1
@@ -169,15 +168,15 @@ class FrameworkLoops:
 
     def train_step_open(self) -> bool:
         """A training step is under way (regions go into it)."""
-        return self.train._running and self._active > 0
+        return self.train.running and self._active > 0
 
     def timing_train(self) -> bool:
         """Regions go into the training step: one is under way, and no validation runs in it
         (validation's own hooks are part of the validation region)."""
-        return self._active > 0 and self.val_region not in self._regions and self.train._running
+        return self._active > 0 and self.val_region not in self._regions and self.train.running
 
     def open_region(self, key: str) -> None:
-        if key not in self._regions and self.train._running:
+        if key not in self._regions and self.train.running:
             self._regions.append(key)
             self.train.timer.start(key)
 

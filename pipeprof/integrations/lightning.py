@@ -78,7 +78,7 @@ class _Tee:
     def stop(self, action: str) -> None:
         try:
             kind = self._kind(action)
-            if kind is not _SKIP and self._loops.train._running:
+            if kind is not _SKIP and self._loops.train.running:
                 key, when = kind
                 timer = self._loops.train.timer
                 if when != "after":  # closes what its start (or an "after") opened, if it did
