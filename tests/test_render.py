@@ -150,7 +150,7 @@ def expected_text(d: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         phrases.append(f"{loop['steps']} ({d['samples']} samples) in {d['wall_s']:.2f} s")
         tp = loop["throughput"]
         phrases.append(f"throughput {num(tp['effective_samples_per_s'])} samples/s")
-        view = loop["steady"]  # the steady state, when it has 3 steps or more (DESIGN.md)
+        view = loop["steady"]  # the steady state, when it has 3 steps or more
         phrases.append(f"step time (steady state, {view['steps']} steps)")
         if view["steps"] < 3:
             view = loop

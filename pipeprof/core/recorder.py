@@ -11,8 +11,8 @@ Built-in stages have absolute paths (``load``, ``transform``, ``collate``). A st
 its time stays inside the parent's total (``load/decode`` is part of ``load``). An absolute stage
 opened inside another (a dataset's ``__getitem__`` calling its transform) is *detached*: its time
 is subtracted from every enclosing stage up to and including the innermost absolute one, so
-``load`` is ``__getitem__`` minus the transform, as DESIGN.md defines it, even when the transform
-runs inside a ``pipeprof.stage`` of ``__getitem__``.
+``load`` is ``__getitem__`` minus the transform, as the stage tree defines it (docs/usage.md),
+even when the transform runs inside a ``pipeprof.stage`` of ``__getitem__``.
 
 There is no stack of open stages. Each thread has a ``_State``: the innermost open stage's path
 (for relative children's paths), where it records (``sink``) and ``detached``, a running total
