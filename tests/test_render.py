@@ -486,3 +486,45 @@ def test_html_evidence_reads_as_words_and_rounded_figures(loop):
     assert "<td>anchor</td><td>n/a</td>" in block
     assert "<td>cores</td><td>2</td>" in block  # a count stays a whole number
     assert "12.345678" not in block and "handover_ms_per_step=" not in block
+
+
+def _job(hosts: int) -> dict:
+    """A job report's dict as analyze/job.py makes it: 4 ranks, rank 1 the straggler."""
+    ranks = [
+        {"rank": r, "host": f"gpu-node-{r * hosts // 4:02d}", "steps": 1200,
+         "samples_per_s": 512.0 if r == 1 else 812.4, "wait_fraction": 0.72 if r == 1 else 0.03,
+         "transfer_fraction": 0.01, "compute_fraction": 0.2 if r == 1 else 0.27,
+         "comm_fraction": 0.02 if r == 1 else 0.69, "overhead_fraction": 0.01,
+         "stage": "load" if r == 1 else "transform/RandomResizedCrop"}
+        for r in range(4)
+    ]  # fmt: skip
+    return {
+        "headline": "rank 1 waits 72% for data: load; the other ranks wait on it in all-reduce",
+        "stragglers": [{"rank": 1, "message": "rank 1 waits 72% for data: load"}],
+        "ranks": ranks, "efficiency": {"load_balance": 0.7, "communication": 0.4, "parallel": 0.28},
+        "what_if": {"samples_per_s": 3000.0, "speedup": 1.8, "how": "each rank waits as the least"},
+        "samples_per_s": 2100.0, "runtime_s": 60.2, "notes": [],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_the_job_report_fits_a_terminal_and_marks_the_straggler(hosts):
+    """Issue 39: at 80 columns no header of the rank table is cut and every line fits; the host
+    is said once where all ranks ran on one; the straggler's row is marked, in text and HTML."""
+    from pipeprof.render import job
+
+    text = job.render(_job(hosts), "text", width=80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    [header] = [line for line in lines if line.startswith("rank ") and "steps" in line]
+    assert "…" not in header
+    for name in ("steps", "samples/s", "wait", "transfer", "compute", "comm", "other", "stage"):
+        assert name in header.split(), name
+    assert ("host" in header.split()) == (hosts == 2)
+    assert ("on gpu-node-00" in text) == (hosts == 1)
+    marked = [line.split()[0] for line in lines if line.strip().startswith(("0", "1", "2", "3"))]
+    assert "1*" in marked and not {"0*", "2*", "3*"} & set(marked)
+    assert "straggler" in text
+    assert "…" not in text  # a long stage or host folds, never cut
+    html = job.render(_job(hosts), "html")
+    assert html.count("class='straggler'") == 1 and "rank 1 · straggler" in html
