@@ -81,7 +81,7 @@ def epoch(
         for x, _ in loader:
             n += len(x)
     elif variant == "pipeprof" and how == "run":  # what ``pipeprof run`` installs
-        from pipeprof.runner import Run
+        from pipeprof.attach.run import Run
 
         run = Run() if sample_hz is None else Run(sample_hz=sample_hz)
         run.install()

@@ -37,7 +37,7 @@ from _common import machine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeprof.runner import Run
+from pipeprof.attach.run import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(ROOT / "tests" / "scripts" / "train.py")

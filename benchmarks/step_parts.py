@@ -29,7 +29,7 @@ from _common import machine
 from torch import nn
 from torch.utils.data import DataLoader
 
-from pipeprof.runner import Run
+from pipeprof.attach.run import Run
 
 
 def per_step_us(steps: int, how: str, step: bool) -> float:

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from pipeprof.attach.run import Run
 from pipeprof.profiler import Profiler
-from pipeprof.runner import Run
 
 PARTS = ("next", "forward", "loss", "zero_grad", "backward", "step")
 

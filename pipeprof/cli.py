@@ -451,7 +451,7 @@ INTERRUPTED = 130  # the exit status of a program stopped by Ctrl-C (128 + SIGIN
 
 
 def cmd_run(argv: list[str]) -> int:
-    from pipeprof import runner
+    from pipeprof.attach import run as runner
 
     opts_argv, target, module, script_args = _split_run(argv)
     parser = _run_parser()
@@ -498,7 +498,7 @@ def cmd_run(argv: list[str]) -> int:
     chld = _children_quiet()
     try:
         if clean:
-            run.end_of_job(None)  # NOTE [ Job gather ] in runner.py: a job still up gathers
+            run.end_of_job(None)  # NOTE [ Job gather ] in attach/run.py: a job still up gathers
         if not run.written:
             interrupted = isinstance(ended, (KeyboardInterrupt, runner.Terminated))
             if not clean and not interrupted and ended is not None:
@@ -538,7 +538,7 @@ def _job_path(path: str) -> str:
 
 def _job_outputs(run: Any, opts: argparse.Namespace) -> None:
     """This rank's files, then the job report gathered to rank 0 over the job's process group
-    (NOTE [ Job gather ] in runner.py), written by rank 0 next to its own."""
+    (NOTE [ Job gather ] in attach/run.py), written by rank 0 next to its own."""
     if os.getpid() != opts.pid:  # a forked child's copy of the run: not this rank's
         return
     if not run.written:
@@ -580,7 +580,7 @@ def _job_outputs(run: Any, opts: argparse.Namespace) -> None:
 def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: bool) -> None:
     """Write the reports of ``pipeprof run`` and print the summary on stderr; ``gather``: the
     job report is gathered next (else a distributed rank 0 says how to merge the files)."""
-    from pipeprof import runner
+    from pipeprof.attach import run as runner
 
     if os.getpid() != opts.pid:  # a process the script forked ends its copy of the run: the
         return  # report is the parent's to write (the child's would be the parent's, stale)

@@ -71,7 +71,7 @@ class Wrapped:
 
 # NOTE [ The fast path, by hand ]
 # ``Profiler.wrap``'s pass over a DataLoader in the training process (num_workers=0) takes
-# the fast path ``pipeprof run`` takes (NOTE [ The fast path ] in runner.py): the loader's pass
+# the fast path ``pipeprof run`` takes (NOTE [ The fast path ] in attach/run.py): the loader's pass
 # says at each batch it yields how many of the next ones take the short path, and ``FastPass``
 # fetches those past the two generators (the Profiler's steps and the loader's pass), keeping
 # each step as a row in the StepLog, which the steps write when they are next asked. They are
@@ -473,7 +473,7 @@ class Profiler:
         """A pass over ``data`` begun as a plain ``iter()`` begins it (its workers started):
         its steps, and for a DataLoader torch's own iterator where the pass can answer for it
         (NOTE [ The user's own iterator ] in collect/torch/loader.py; else None), the pass's
-        short path (NOTE [ The fast path ] in runner.py; else None) and the profiled twin."""
+        short path (NOTE [ The fast path ] in attach/run.py; else None) and the profiled twin."""
         wrapped = self.wrap(data)
         source: Any = wrapped._source  # a ProfiledLoader for a DataLoader
         if not is_torch_loader(data):
@@ -525,7 +525,7 @@ class Profiler:
                     handed, cpu_handed, mark[0] = mark[0], 0, 0
                 if handed:  # the step's compute ends; pipeprof's bookkeeping is in no part
                     t_end = clock()
-                    if log.fast:  # NOTE [ The fast path ] in runner.py: the steps since
+                    if log.fast:  # NOTE [ The fast path ] in attach/run.py: the steps since
                         self._compute_wall_ns += log.settle()
                         handed, cpu_handed = log.handed, 0
                     if depth:
@@ -595,7 +595,7 @@ class Profiler:
                 handed, cpu_handed = mark[0], 0
             if handed:
                 t_end = clock()
-                if log.fast:  # NOTE [ The fast path ] in runner.py
+                if log.fast:  # NOTE [ The fast path ] in attach/run.py
                     self._compute_wall_ns += log.settle()
                     handed, cpu_handed = log.handed, 0
                 if cpu_handed:

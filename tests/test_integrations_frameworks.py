@@ -179,7 +179,8 @@ def test_a_missing_framework_names_the_extra(monkeypatch):
     for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "transformers"):
         monkeypatch.setitem(sys.modules, name, None)  # as if not installed
     for module, extra in (("lightning", "lightning"), ("hf", "hf")):
-        monkeypatch.delitem(sys.modules, f"pipeprof.integrations.{module}", raising=False)
+        for where in ("integrations", "attach"):  # the public path, and where it is defined
+            monkeypatch.delitem(sys.modules, f"pipeprof.{where}.{module}", raising=False)
         with pytest.raises(ImportError, match=rf"pip install 'pipeprof\[{extra}\]'"):
             importlib.import_module(f"pipeprof.integrations.{module}")
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from stage_sampling import counts
 
-from pipeprof.runner import REGIONS_EVERY, REGIONS_FIRST
+from pipeprof.attach.run import REGIONS_EVERY, REGIONS_FIRST
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = str(SCRIPTS / "train.py")
@@ -303,7 +303,7 @@ def test_transform_modules_in_the_fetch_are_the_pipeline_not_forward(tmp_path):
 
 
 def test_the_step_regions_take_the_short_path_and_state_their_cost():
-    """NOTE [ Regions on a short path ] (runner.py): on the CPU clock, Forward, Backward and
+    """NOTE [ Regions on a short path ] (attach/run.py): on the CPU clock, Forward, Backward and
     Optimizer go to the pass's StepLog directly, each timed as it runs, and the report states
     their cost (``overhead.step_regions_s``: their count times one region's cost)."""
     import torch
@@ -311,7 +311,7 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from pipeprof.runner import Run, step_region_ns
+    from pipeprof.attach.run import Run, step_region_ns
 
     class Slow(nn.Module):
         def __init__(self) -> None:
@@ -367,15 +367,16 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
 
 
 def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_took(monkeypatch):
-    """NOTE [ Regions in a sample of the steps ] (runner.py): a region's clock made to cost 100 µs
-    a read (6 reads a timed step), the timed steps' compute against the quiet ones' states it,
-    where the probe, measured before, knows nothing of it; the totals are scaled to every step."""
+    """NOTE [ Regions in a sample of the steps ] (attach/run.py): a region's clock made to cost
+    100 µs a read (6 reads a timed step), the timed steps' compute against the quiet ones'
+    states it, where the probe, measured before, knows nothing of it; the totals are scaled to
+    every step."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from pipeprof import runner
-    from pipeprof.runner import Run, step_region_ns
+    from pipeprof.attach import run as runner
+    from pipeprof.attach.run import Run, step_region_ns
 
     each = step_region_ns()  # measured once a process, with the real clock
     real = runner.clock
@@ -433,15 +434,15 @@ def _fast_path_loop(
     monkeypatch: pytest.MonkeyPatch, fast: bool, fail_at: int | None = None, regions: bool = True
 ):
     """300 steps of a known fetch (4 samples of 0.05 ms) and compute (0.3 ms), a nested pass of
-    another loader every 50 steps; with the fast path (NOTE [ The fast path ] in runner.py) or
+    another loader every 50 steps; with the fast path (NOTE [ The fast path ] in attach/run.py) or
     with every batch asking the pass. Returns the report, the session and the fast fetches."""
     import torch
     from pipelines import spin
     from torch import nn
     from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+    from pipeprof.attach.run import Run
     from pipeprof.collect.torch.loader import ProfiledLoader
-    from pipeprof.runner import Run
 
     if not fast:
         monkeypatch.setattr(Run, "_fast", lambda self, entry, src, short, slow, cell: slow)
@@ -491,7 +492,7 @@ def _fast_path_loop(
 
 
 def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
-    """NOTE [ The fast path ] (runner.py): a long in-process pass's short-path batches fetched
+    """NOTE [ The fast path ] (attach/run.py): a long in-process pass's short-path batches fetched
     past the pass's generators make the same steps, batches, samples, sampled regions and
     unprofiled counts as through it, each step's wait and compute what was injected; a region
     another loader's pass made in a step (the fast path stops for it) in that step's overhead."""
@@ -562,7 +563,7 @@ def test_the_first_pass_loads_no_module_of_pipeprof_or_psutil():
     import torch
     from torch.utils.data import DataLoader
 
-    from pipeprof.runner import Run
+    from pipeprof.attach.run import Run
 
     for name in [m for m in sys.modules if m.startswith(("pipeprof.collect.samplers", "psutil"))]:
         del sys.modules[name]  # as in a fresh process (test_run imports psutil itself)
@@ -586,7 +587,7 @@ def test_the_fast_path_reads_the_computes_cpu_time_as_the_pass_would():
     from pipelines import CostDataset, spin
     from torch.utils.data import DataLoader
 
-    from pipeprof.runner import Run
+    from pipeprof.attach.run import Run
 
     run = Run(sample_hz=0)
     run.install()

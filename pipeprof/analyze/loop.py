@@ -73,7 +73,7 @@ def wait_split(part: dict[str, Stat], wait_s: float, wall_s: float) -> dict[str,
 
 def _regions(regions: dict[str, Stat], sampled: dict[str, Any] | None) -> dict[str, Any]:
     """The regions' figures; ``pipeprof run``'s own, timed in a sample of the steps (NOTE
-    [ Regions in a sample of the steps ] in runner.py), with their totals scaled to every step
+    [ Regions in a sample of the steps ] in attach/run.py), with their totals scaled to every step
     (``count`` and the per-call figures stay those of the calls timed)."""
     out = {k: figures(v) for k, v in regions.items()}
     steps, timed = (sampled or {}).get("steps") or 0, (sampled or {}).get("timed_steps") or 0

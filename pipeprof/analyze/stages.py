@@ -356,7 +356,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
     steady_sampler_s = max(0.0, sampler_s - costs.get("sampler_first_ns", 0) / 1e9)
     setup_s = costs.get("setup_ns", 0) / 1e9
     snapshot_s = costs.get("snapshot_ns", 0) / 1e9
-    # ``pipeprof run``'s Forward / Backward / Optimizer regions in the steps (runner.py)
+    # ``pipeprof run``'s Forward / Backward / Optimizer regions in the steps (attach/run.py)
     step_regions_s = costs.get("step_regions_ns", 0) / 1e9
     cost_s = regions_s + main_s + loop_s + control_s + settle_s + sampler_s + setup_s + snapshot_s
     cost_s += step_regions_s
@@ -386,7 +386,7 @@ def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, A
         "main_s": round(main_s, 6),
         "loop_s": round(loop_s, 6),
         "step_regions_s": round(step_regions_s, 6),
-        # how: the timed steps against the quiet ones, or the probe (runner.py)
+        # how: the timed steps against the quiet ones, or the probe (attach/run.py)
         "step_regions": session.meta.get("step_regions"),
         "control_s": round(control_s, 6),
         "settle_s": round(settle_s, 6),

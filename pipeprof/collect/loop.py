@@ -65,11 +65,11 @@ class StepLog:
         self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
         self._marks: tuple[int, int, int, dict[str, list[int]]] = (0, 0, 0, self._pending["first"])
         self.first = True  # the open step is a start-up step (not ``steady``)
-        # NOTE [ Regions in a sample of the steps ] in runner.py: whether the open step times
+        # NOTE [ Regions in a sample of the steps ] in attach/run.py: whether the open step times
         # its regions (None: in neither arm), and each arm's steps' compute: count, sum, squares
         self.region_arm: bool | None = None
         self.region_ab: tuple[list[int], list[int]] = ([0, 0, 0], [0, 0, 0])
-        # NOTE [ The fast path ] in runner.py: steps whose batch came the short way, each
+        # NOTE [ The fast path ] in attach/run.py: steps whose batch came the short way, each
         # (asked, got, region arm), not yet written; ``handed``: when the step under way got its
         # batch (0: none under way); ``classified``: regions counted for a class so far
         self.fast: list[tuple[int, int, bool | None]] = []
@@ -86,7 +86,7 @@ class StepLog:
         """``region`` for a compute key (``Forward``, ``Backward``, ``Optimizer``: what ``pipeprof
         run`` times in every step), on its short path: a compute region counts in no class, so
         the regions nested in it are only taken off the stack (NOTE [ Regions on a short path ]
-        in runner.py)."""
+        in attach/run.py)."""
         self._pending_regions[key].append(duration_ns)
         self.session.spans.append(("main", _SPAN_KEYS[key], start_ns, duration_ns))
         closed = self._closed
@@ -187,7 +187,7 @@ class StepLog:
             self.fold()
 
     def settle(self) -> int:
-        """Write the fast steps (``fast``: NOTE [ The fast path ] in runner.py): the step under
+        """Write the fast steps (``fast``: NOTE [ The fast path ] in attach/run.py): the step under
         way before them ends when the first one asked; each but the last ends when the next one
         asked; the last is left under way (``handed``), with the regions counted for a class
         since the step before them, which closed in its compute (the fast path stops at the

@@ -116,7 +116,7 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # the next ones like it (``Session.defer_batch``); no recorder sink, no CPU clock, no merge.
 # They count as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py),
 # their bookkeeping in ``main_ns``. Not with NVTX ranges or a copy to the device to time.
-SHORT_RUN_MOST = 256  # NOTE [ The fast path ] in runner.py: batches said ahead at most
+SHORT_RUN_MOST = 256  # NOTE [ The fast path ] in attach/run.py: batches said ahead at most
 AB_PAIRS_FIRST = 8  # analyze/stages.py's AB_MIN_OFF: the comparison is used from 8 pairs on
 AB_PAIRS_EVERY = 4
 SAMPLE_MIN_BATCHES = 16
@@ -133,7 +133,7 @@ OffFigures = tuple[str, int, int, int, int, "str | None", "int | None"]
 
 class ShortPass:
     """A pass's short path (NOTE [ The short path ]) as its caller may take it past the pass's
-    generator (NOTE [ The fast path ] in runner.py): what fetches a batch, whether the dataset
+    generator (NOTE [ The fast path ] in attach/run.py): what fetches a batch, whether the dataset
     copy has stand-ins to set back, the wait's span name; ``left``: how many of the next batches
     take it (the pass says, at each batch it yields); ``ended``: the batches are over; ``t0`` and
     ``t1``: the last one's fetch; ``own``: the bookkeeping after it."""
@@ -682,7 +682,7 @@ class ProfiledLoader:
         """A pass begun (its workers started, as a plain ``iter()`` starts them): its batches;
         with ``expose`` the twin's own torch iterator where the pass can answer for it (else
         None: NOTE [ The user's own iterator ]), and then the pass's short way past it where it
-        has one (``fast_next``: NOTE [ The fast path ] in runner.py), with ``expose`` or
+        has one (``fast_next``: NOTE [ The fast path ] in attach/run.py), with ``expose`` or
         ``hand`` (``Profiler.wrap``'s passes, which keep torch's iterator to themselves)."""
         passes = self._pass(expose, hand)
         next(passes)  # the pass's start; closing it from here on ends the pass
@@ -691,7 +691,7 @@ class ProfiledLoader:
 
     def fast_next(self, short: ShortPass) -> Any:
         """One of ``short.left`` batches the pass said are next and take the short path,
-        fetched past the pass's generator (NOTE [ The fast path ] in runner.py); when the
+        fetched past the pass's generator (NOTE [ The fast path ] in attach/run.py); when the
         pass's batches are over, StopIteration, and the pass ends when it is next asked."""
         short.left -= 1
         try:
@@ -876,7 +876,7 @@ class ProfiledLoader:
 
     def _short_run(self, sampled: bool) -> int:
         """How many of the batches from ``seen`` on take the short path, one after the other
-        (NOTE [ The fast path ] in runner.py): the rule of ``_pass`` for batches past a pass's
+        (NOTE [ The fast path ] in attach/run.py): the rule of ``_pass`` for batches past a pass's
         first, up to the next one it profiles or compares."""
         if not sampled:
             return 0
@@ -1200,7 +1200,7 @@ def _place(seen: int, every: int) -> tuple[int, bool]:
 
 def short_frames_ns(calls: int = 2000) -> float:
     """Nanoseconds a short-path batch's frames inside its fetch cost (NOTE [ What the wrappers
-    cost ] in runner.py): torch's iterator reached through ``_raw_next``, the dataset read
+    cost ] in attach/run.py): torch's iterator reached through ``_raw_next``, the dataset read
     through ``MapDataset`` and ``Collate`` with the recorder off, against the same calls made
     directly, on an 8-sample batch that costs nothing; the median of three runs, measured once
     a process (a few ms)."""

@@ -23,8 +23,9 @@ A new loader made where an earlier one was (a loader per epoch) continues that l
 When ``tensorflow`` is imported, ``tf.data.Dataset.__iter__`` (eager iteration in a Python loop)
 is patched the same way, labelled by the line that iterates it, and Keras' ``Model.fit`` gets
 pipeprof's Keras callback added to its callbacks. Lightning's ``Trainer.fit`` and Hugging
-Face's ``Trainer.train`` get pipeprof's callback of that framework (integrations/), which routes
-the trainer's loaders itself: they never reach the run's own ``DataLoader.__iter__`` patch.
+Face's ``Trainer.train`` get pipeprof's callback of that framework (attach/lightning.py,
+attach/hf.py), which routes the trainer's loaders itself: they never reach the run's own
+``DataLoader.__iter__`` patch.
 
 A pass of one loader that runs inside a step of another (validation every N training steps) is
 a non-compute region of that step, named after the loader. Two loaders advanced in turn (``zip``)
@@ -391,8 +392,8 @@ class Run:
 
     def _keras_callback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Add pipeprof's Keras callback to a ``fit()`` call (in ``kwargs``); None if not."""
+        from pipeprof.attach.keras import ProfilerCallback
         from pipeprof.core.detect import is_tf_dataset
-        from pipeprof.keras import ProfilerCallback
 
         callbacks = list(kwargs.get("callbacks") or [])
         if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
@@ -467,7 +468,7 @@ class Run:
         """pipeprof's callback for one ``fit()``/``train()``, registered as this run's loops;
         None when the trainer has one already (its report is the script's)."""
         if kind == "lightning":
-            from pipeprof.integrations import lightning as integration
+            from pipeprof.attach import lightning as integration
 
             existing = list(trainer.callbacks)
             base = next(c for c in type(trainer).__mro__ if c.__name__ == "Trainer")
@@ -480,7 +481,7 @@ class Run:
             make: Any = integration.callback_class(callback_base)
             mine: Any = integration.Hooks
         else:
-            from pipeprof.integrations import hf as integration  # type: ignore[no-redef]
+            from pipeprof.attach import hf as integration  # type: ignore[no-redef]
 
             existing = list(trainer.callback_handler.callbacks)
             make = mine = integration.PipeprofCallback

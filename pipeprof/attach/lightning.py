@@ -6,7 +6,7 @@
 
 NOTE [ Lightning ]
 The train and validation loaders the Trainer iterates are routed through pipeprof's Profilers
-while ``fit`` runs (NOTE [ Framework loops ] in integrations/_loops.py): stages timed in the
+while ``fit`` runs (NOTE [ Framework loops ] in attach/loops.py): stages timed in the
 workers, the same batches. The Trainer's hooks become regions through Lightning's own seam,
 ``trainer.profiler``: every hook, ``training_step``, ``backward`` and ``optimizer_step`` is
 bracketed by ``trainer.profiler.start/stop(action)``. During ``fit`` pipeprof puts a tee in its
@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeprof.integrations._loops import FrameworkLoops, Role, missing, show
+from pipeprof.attach.loops import FrameworkLoops, Role, missing, show
 from pipeprof.report import Report
 
 try:

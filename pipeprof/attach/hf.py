@@ -8,7 +8,7 @@ NOTE [ Hugging Face Trainer ]
 The Trainer builds its training DataLoader itself (``get_train_dataloader``: the dataset, its
 ``data_collator`` as ``collate_fn``, its workers) and iterates it through accelerate's
 ``DataLoaderShard``, which fetches one batch ahead (NOTE [ Framework loops ] in
-integrations/_loops.py). The callback routes that loader (the shard's ``base_dataloader``) through
+attach/loops.py). The callback routes that loader (the shard's ``base_dataloader``) through
 pipeprof's training Profiler from ``on_train_begin`` to ``on_train_end``, so its collator is
 timed as ``collate`` inside the workers; any other loader iterated during ``train()`` is the
 evaluation's (``evaluate()`` makes a new one each time) and goes to the validation Profiler,
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeprof.integrations._loops import FrameworkLoops, Role, missing, show
+from pipeprof.attach.loops import FrameworkLoops, Role, missing, show
 from pipeprof.report import Report
 
 try:
