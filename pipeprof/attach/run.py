@@ -69,7 +69,7 @@ from pipeprof.core.regions import STEP_REGIONS
 from pipeprof.profiler import Profiler
 from pipeprof.report import Report
 
-_PIPEPROF_DIR = str(Path(__file__).resolve().parent)
+_PIPEPROF_DIR = str(Path(__file__).resolve().parent.parent)  # the package: attach/ is in it
 _ASSIGNED = re.compile(r"^\s*((?:self\.)?[A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
 
 
