@@ -8,7 +8,16 @@ import time
 import pytest
 import torch
 from machine import nvml_gpus
-from pipelines import CostDataset, ItemsDataset, Scale, TellsItsTransform, spin, truth
+from pipelines import (
+    CostDataset,
+    ItemsDataset,
+    KnownFetch,
+    Scale,
+    TellsItsTransform,
+    known_step,
+    spin,
+    truth,
+)
 from stage_sampling import arms, counts, timed_indices
 from torch.utils.data import DataLoader
 from torchvision import transforms
@@ -742,14 +751,6 @@ def _hand_fast_steps(fail_at: int | None, zipped: bool):
 
     from pipeprof.profiler import Profiler
 
-    class Known(torch.utils.data.Dataset):
-        def __len__(self):
-            return 1200
-
-        def __getitem__(self, i):
-            spin(0.05)
-            return torch.full((4,), float(i)), i % 2
-
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
@@ -757,17 +758,13 @@ def _hand_fast_steps(fail_at: int | None, zipped: bool):
     val = prof.wrap(DataLoader(torch.randn(8, 4), batch_size=4))
     try:
         with prof:
-            data = prof.wrap(DataLoader(Known(), batch_size=4))
+            data = prof.wrap(DataLoader(KnownFetch(), batch_size=4))
             if zipped:
-                data = zip(data, prof.wrap(DataLoader(Known(), batch_size=4)))
+                data = zip(data, prof.wrap(DataLoader(KnownFetch(), batch_size=4)))
             for i, batch in enumerate(data):
                 x, y = batch[0] if zipped else batch
                 seen.append(int(x[0, 0]))
-                loss = nn.functional.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                spin(0.3)
+                known_step(model, opt, x, y)
                 if i % 50 == 49:
                     for v in val:
                         model(v)

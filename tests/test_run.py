@@ -437,9 +437,9 @@ def _fast_path_loop(
     another loader every 50 steps; with the fast path (NOTE [ The fast path ] in attach/run.py) or
     with every batch asking the pass. Returns the report, the session and the fast fetches."""
     import torch
-    from pipelines import spin
+    from pipelines import KnownFetch, known_step
     from torch import nn
-    from torch.utils.data import DataLoader, Dataset, TensorDataset
+    from torch.utils.data import DataLoader, TensorDataset
 
     from pipeprof.attach.run import Run
     from pipeprof.collect.torch.loader import ProfiledLoader
@@ -455,14 +455,6 @@ def _fast_path_loop(
 
     monkeypatch.setattr(ProfiledLoader, "fast_next", counted)
 
-    class Known(Dataset):  # type: ignore[type-arg]
-        def __len__(self) -> int:
-            return 1200
-
-        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-            spin(0.05)
-            return torch.full((4,), float(i)), i % 2
-
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     val = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
@@ -470,13 +462,9 @@ def _fast_path_loop(
     run = Run(sample_hz=0, regions=regions)
     run.install()
     try:
-        for i, (x, y) in enumerate(DataLoader(Known(), batch_size=4)):
+        for i, (x, y) in enumerate(DataLoader(KnownFetch(), batch_size=4)):
             seen.append(int(x[0, 0]))
-            loss = nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            spin(0.3)
+            known_step(model, opt, x, y)
             if i % 50 == 49:
                 for (v,) in val:
                     model(v)
