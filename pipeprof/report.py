@@ -27,7 +27,7 @@ class Report(Result):
 
     Shows itself as a rich summary in a terminal (``print(report)`` or just ``report`` in a REPL
     with rich installed) and as an HTML page in Jupyter. ``to_dict()`` gives the JSON contract of
-    docs/report.md; ``save`` writes it together with the raw session, which ``pipeprof.load`` reads.
+    docs/schema.md; ``save`` writes it together with the raw session, which ``pipeprof.load`` reads.
     Times are seconds (``_s``) or milliseconds (``_ms``); fractions are 0-1; n/a is ``None``.
     """
 

@@ -6,7 +6,7 @@ loop, waits included), its compute throughput (samples per second of compute alo
 data were free) and the fraction of the loop's time spent waiting for data; the stage that limits
 throughput (``load/decode``, ``transform/RandomResizedCrop``...; empty when data kept up) is the
 test variable ``limiting_stage``, in ReFrame's report and perflogs. The figures come from the
-report pipeprof writes (``run.json``, schema ``pipeprof/1``: docs/report.md).
+report pipeprof writes (``run.json``, schema ``pipeprof/1``: docs/schema.md).
 
     reframe -C examples/reframe/config.py -c examples/reframe/pipeprof_check.py -r
     reframe ... -r -S script=/path/to/train.py -S script_opts='--epochs 1 --lr 0.1'

@@ -28,7 +28,7 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def analyze(session: Session) -> dict[str, Any]:
-    """The report dictionary for ``session`` (the report contract: docs/report.md)."""
+    """The report dictionary for ``session`` (the report contract: docs/schema.md)."""
     with session.settled():  # queued records folded in; no background fold while we read
         return _analyze(session)
 

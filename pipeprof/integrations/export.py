@@ -1,7 +1,7 @@
 """A Report logged to TensorBoard, MLflow or Weights & Biases (``Report.log_to``).
 
 NOTE [ Exported metrics ]
-Every tool gets the same names, computed once here from the report's dict (docs/report.md); the
+Every tool gets the same names, computed once here from the report's dict (docs/schema.md); the
 table of docs/integrations.md lists them:
 
 - one number each (``metrics``): ``pipeprof/wait_fraction``, ``pipeprof/samples_per_s``, ...,
