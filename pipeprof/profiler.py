@@ -77,10 +77,10 @@ class Wrapped:
 # each step as a row in the StepLog, which the steps write when they are next asked. They are
 # asked instead, and the step made its way, when anything else is due: another pass handed the
 # last batch (a loader nested in the step, or two zipped), a region was counted for a class in
-# the last step, DDP's communication is timed, the profile stopped, a GPU timer or NVTX ranges
-# are on, a stream snapshot is due; and at the end of the batches. Its own time in ``next()``
-# is measured as it runs and stated with the loader's (``costs["fast_ns"]``), with the frames
-# inside each fetch at their probe.
+# the last step, DDP's communication is timed, the profile stopped, a stream snapshot is due
+# (a GPU timer or NVTX ranges: no FastPass at all); and at the end of the batches. Its own time
+# in ``next()`` is measured as it runs and stated with the loader's (``costs["fast_ns"]``),
+# with the frames inside each fetch at their probe.
 class FastPass:
     """One pass of ``Profiler.wrap`` over a loader with a short path (NOTE [ The fast path, by
     hand ]): an iterator, as the generator it stands for; ``close()`` ends the pass."""
@@ -110,7 +110,6 @@ class FastPass:
             and log.classified == self._cls
             and prof._comm is None
             and prof._running
-            and prof._plain_timer
             and (prof.stream is None or time.monotonic() - prof._last_flush < prof.flush_s)
         ):
             try:
@@ -429,8 +428,9 @@ class Profiler:
         return GenericSource(data, self.session)
 
     @property
-    def _plain_timer(self) -> bool:
-        """Regions timed by the CPU clock alone: no CUDA events to mark at each step, no NVTX."""
+    def plain_timer(self) -> bool:
+        """Regions timed by the CPU clock alone: no CUDA events to mark at each step, no NVTX
+        (a timer that is plain once stays plain: "auto" turns to CUDA only from unresolved)."""
         timer = self.timer
         return type(timer) is Timer and not timer._cuda and not timer._auto
 
@@ -438,7 +438,7 @@ class Profiler:
         """One pass over ``source`` (``Wrapped.__iter__``): the steps' generator, or in the
         training process a FastPass over it (NOTE [ The fast path, by hand ])."""
         loader = getattr(source, "user_loader", None)
-        if loader is None or loader.num_workers or not self._plain_timer:
+        if loader is None or loader.num_workers or not self.plain_timer:
             return self._steps(source, moves)
         t_open = clock()  # the pass begins here, as a plain iter() begins it
         opened, _, short = source.open(hand=True)  # type: ignore[attr-defined]

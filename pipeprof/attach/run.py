@@ -63,7 +63,6 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from pipeprof.collect.loop import StepLog
-from pipeprof.collect.timer import Timer
 from pipeprof.core.recorder import STAGE_EVERY, clock
 from pipeprof.core.regions import STEP_REGIONS
 from pipeprof.profiler import Profiler
@@ -636,10 +635,9 @@ class Run:
         self.current = p
         self._quiet = p is not None and p.quiet
         log = None
-        if p is not None and not self.stopped and p.entry.prof is not None:
-            timer = p.entry.prof.timer
-            if type(timer) is Timer and not timer._cuda and not timer._auto:
-                log = p.entry.prof.step_log
+        prof = p.entry.prof if p is not None and not self.stopped else None
+        if prof is not None and prof.plain_timer:
+            log = prof.step_log
         self._log = log
 
     def _optimizer_starts(self, *args: Any) -> None:
