@@ -591,3 +591,64 @@ def test_the_fast_path_reads_the_computes_cpu_time_as_the_pass_would():
     d = report.to_dict()
     busy = d["meta"]["compute_cpu_ns"] / 1e9 / d["loop"]["compute_s"]
     assert 0.7 < busy < 0.95, busy
+
+
+def test_patches_are_undone_in_reverse_and_put_back_what_the_class_held():
+    """NOTE [ Patches ] (attach/patches.py): the last patch is undone first, and a name the
+    class only inherited is deleted again, not pinned on it."""
+    from pipeprof.attach.patches import Patches
+
+    class Base:
+        def hello(self) -> str:
+            return "base"
+
+    class Child(Base):
+        pass
+
+    undone: list[str] = []
+    patches = Patches()
+    patches.add(lambda: undone.append("first"))
+    patches.replace(Child, "hello", lambda self: "patched")
+    patches.add(lambda: undone.append("last"))
+    assert Child().hello() == "patched"
+    patches.undo()
+    assert undone == ["last", "first"]
+    assert "hello" not in vars(Child) and Child().hello() == "base"
+    patches.undo()  # nothing left to undo
+    assert undone == ["last", "first"]
+
+
+def test_uninstall_puts_back_every_seam_it_patched():
+    """After ``pipeprof run``'s patches (torch, DDP's collectives, Profiler.start, the import
+    hooks), uninstalling leaves torch's classes, the optimizer's global hooks and
+    ``sys.meta_path`` as they were."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.modules.module import Module
+    from torch.optim import optimizer as optim
+    from torch.utils.data import DataLoader
+
+    from pipeprof.attach.run import Run
+    from pipeprof.profiler import Profiler
+
+    seams = [(DataLoader, "__init__"), (DataLoader, "__iter__"), (torch.Tensor, "backward"),
+             (Module, "__call__"), (Profiler, "start"), (dist, "all_reduce"),
+             (dist, "destroy_process_group")]  # fmt: skip
+    before = [getattr(owner, name) for owner, name in seams]
+    own_subclass_hook = "__init_subclass__" in vars(DataLoader)
+    hooks = (len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks))
+    meta_path = list(sys.meta_path)
+    run = Run(sample_hz=0)
+    run.install()
+    try:
+        patched = [getattr(owner, name) for owner, name in seams]
+        assert all(a is not b for a, b in zip(before, patched)), patched
+        assert len(optim._global_optimizer_pre_hooks) == hooks[0] + 1
+        assert len(sys.meta_path) > len(meta_path)  # the hooks for tf, keras, the trainers
+    finally:
+        run.uninstall()
+    assert [getattr(owner, name) for owner, name in seams] == before
+    assert ("__init_subclass__" in vars(DataLoader)) == own_subclass_hook
+    assert (len(optim._global_optimizer_pre_hooks),
+            len(optim._global_optimizer_post_hooks)) == hooks  # fmt: skip
+    assert sys.meta_path == meta_path

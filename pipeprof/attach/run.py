@@ -62,6 +62,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
+from pipeprof.attach.patches import PATCHES, Patches, patch_distributed, weakable
 from pipeprof.collect.loop import StepLog
 from pipeprof.core.recorder import STAGE_EVERY, clock
 from pipeprof.core.regions import STEP_REGIONS
@@ -175,8 +176,8 @@ class Run:
         self.stopped = False  # profiling over (--batches reached, or the script ended)
         self.notes: list[str] = []
         self.seen: set[str] = set()  # regions seen
-        self._local = _Local()
-        self._undo: list[Any] = []
+        self.local = _Local()
+        self.patches = Patches()  # NOTE [ Patches ] in attach/patches.py
         self._samplers: list[Any] = []
         self._nvml_started = False
         self._depth = 0  # 1 while the outermost Module call runs (the Forward region)
@@ -191,23 +192,19 @@ class Run:
 
     def install(self) -> None:
         """The import hook (and the patches at once if torch is already imported)."""
-        patches = (("torch", self._patch_torch), ("tensorflow", self._patch_tf),
-                   ("keras", self._patch_keras),
-                   ("lightning.pytorch.trainer.trainer", self._patch_lightning),
-                   ("pytorch_lightning.trainer.trainer", self._patch_lightning),
-                   ("transformers.trainer", self._patch_hf))  # fmt: skip
+        patches: list[tuple[str, Any]] = [("torch", self._patch_torch)]
+        patches += [(name, functools.partial(patch, self)) for name, patch in PATCHES]
         for name, patch in patches:
             if name in sys.modules:
                 patch()
             else:
                 hook = _AfterImport(name, patch, self.notes)
                 sys.meta_path.insert(0, hook)
-                self._undo.append(functools.partial(_remove_hook, hook))
+                self.patches.add(functools.partial(_remove_hook, hook))
         self._wrap_profiler_start()
 
     def uninstall(self) -> None:
-        while self._undo:
-            self._undo.pop()()
+        self.patches.undo()
 
     def _patch_torch(self) -> None:
         import torch
@@ -231,14 +228,14 @@ class Run:
             def __iter__(loader: Any) -> Any:
                 if (
                     run.stopped
-                    or run._local.inside
+                    or run.local.inside
                     or os.getpid() != run.pid  # a process the script forked
                     or isinstance(loader.collate_fn, Collate)  # a twin, iterated by a Profiler
                 ):
                     return orig(loader)
-                if subclass and _weakable(loader) and loader not in run.sites:
-                    run._remember_site(loader)  # its __init__ may not be DataLoader's
-                return run._pass(loader)
+                if subclass and weakable(loader) and loader not in run.sites:
+                    run.remember_site(loader)  # its __init__ may not be DataLoader's
+                return run.profiled_pass(loader)
 
             __iter__._pipeprof_passes = True  # type: ignore[attr-defined]
             return __iter__
@@ -251,8 +248,7 @@ class Run:
             own = vars(cls).get("__iter__")
             if own is None or getattr(own, "_pipeprof_passes", False):
                 return
-            cls.__iter__ = passes(own, subclass=True)  # type: ignore[attr-defined]
-            self._undo.append(lambda: setattr(cls, "__iter__", own))
+            self.patches.replace(cls, "__iter__", passes(own, subclass=True))
 
         orig_subclass = DataLoader.__dict__.get("__init_subclass__")
 
@@ -271,18 +267,14 @@ class Run:
 
         for sub in list(subclasses(DataLoader)):
             own_iter(sub)
-        DataLoader.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment,arg-type]
-        self._undo.append(
-            lambda: setattr(DataLoader, "__init_subclass__", orig_subclass)
-            if orig_subclass is not None
-            else delattr(DataLoader, "__init_subclass__")
-        )
+        subclassing: Any = classmethod(__init_subclass__)  # type: ignore[arg-type]
+        self.patches.replace(DataLoader, "__init_subclass__", subclassing)
 
         @functools.wraps(orig_init)  # its signature too: pipeprof's twin reads it
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(loader, *args, **kwargs)
             if not isinstance(loader.collate_fn, Collate):  # not pipeprof's own twin
-                run._remember_site(loader)
+                run.remember_site(loader)
 
         __iter__ = passes(orig_iter)
 
@@ -310,270 +302,33 @@ class Run:
             finally:
                 timer.end("Backward")
 
-        DataLoader.__init__ = __init__  # type: ignore[method-assign,assignment]
-        DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
+        self.patches.replace(DataLoader, "__init__", __init__)
+        self.patches.replace(DataLoader, "__iter__", __iter__)
         module_call = nn_module.Module.__call__
         compiling = torch.compiler.is_compiling
-        local = self._local
+        local = self.local
 
         # Forward: the outermost Module call of the training step (``_forward``)
         __call__ = functools.wraps(module_call)(_forward(run, local, module_call, compiling))
 
-        handles = []
         if self.regions:
-            torch.Tensor.backward = tensor_backward  # type: ignore[method-assign,assignment]
-            nn_module.Module.__call__ = __call__  # type: ignore[method-assign]
-            handles += [
+            self.patches.replace(torch.Tensor, "backward", tensor_backward)
+            self.patches.replace(nn_module.Module, "__call__", __call__)
+            for hook in (
                 optim.register_optimizer_step_pre_hook(self._optimizer_starts),
                 optim.register_optimizer_step_post_hook(self._optimizer_ends),
-            ]
-
-        if self.regions and torch.distributed.is_available():
-            self._patch_distributed()
-
-        def undo() -> None:
-            DataLoader.__init__ = orig_init  # type: ignore[method-assign,assignment]
-            DataLoader.__iter__ = orig_iter  # type: ignore[method-assign,assignment]
-            torch.Tensor.backward = backward  # type: ignore[method-assign,assignment]
-            nn_module.Module.__call__ = module_call  # type: ignore[method-assign]
-            for h in handles:
-                h.remove()
-
-        self._undo.append(undo)
-
-    def _patch_tf(self) -> None:
-        """tf.data iterated in a Python loop: a profiled pass; Keras ``fit()``: its callback."""
-        import tensorflow as tf
-
-        run = self
-        dataset_cls = tf.data.Dataset
-        orig_iter = dataset_cls.__iter__
-
-        @functools.wraps(orig_iter)
-        def __iter__(dataset: Any) -> Any:
-            if (
-                run.stopped
-                or run._local.inside
-                or os.getpid() != run.pid
-                or not tf.executing_eagerly()  # inside a tf.function: TensorFlow's own loop
             ):
-                return orig_iter(dataset)
-            if _weakable(dataset) and dataset not in run.sites:
-                run._remember_site(dataset, name=False)
-            return run._pass(dataset)
+                self.patches.add(hook.remove)
+            if torch.distributed.is_available():
+                patch_distributed(self)
 
-        dataset_cls.__iter__ = __iter__
-        self._undo.append(lambda: setattr(dataset_cls, "__iter__", orig_iter))
-
-    def _patch_keras(self) -> None:
-        """Keras ``fit()`` gets pipeprof's callback (keras imports tensorflow: its own hook)."""
-        import keras
-
-        run = self
-        model_cls = keras.Model
-        orig_fit = model_cls.fit
-
-        @functools.wraps(orig_fit)
-        def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
-            if run.stopped or run._local.inside or os.getpid() != run.pid:
-                return orig_fit(model, *args, **kwargs)
-            callback = run._keras_callback(args, kwargs)
-            run._local.inside += 1  # fit's own iteration of the dataset is the callback's
-            try:
-                return orig_fit(model, *args, **kwargs)
-            finally:
-                run._local.inside -= 1
-                if callback is not None:
-                    callback.session.end_ns = callback.session.end_ns or clock()
-
-        model_cls.fit = fit
-        self._undo.append(lambda: setattr(model_cls, "fit", orig_fit))
-
-    def _keras_callback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Add pipeprof's Keras callback to a ``fit()`` call (in ``kwargs``); None if not."""
-        from pipeprof.attach.keras import ProfilerCallback
-        from pipeprof.core.detect import is_tf_dataset
-
-        callbacks = list(kwargs.get("callbacks") or [])
-        if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
-            self.notes.append("fit() got its callbacks by position: pipeprof added none")
-            return None
-        if any(isinstance(c, ProfilerCallback) for c in callbacks):
-            self.notes.append("fit() already has pipeprof's callback: its report is the script's")
-            return None
-        x = args[0] if args else kwargs.get("x")
-        callback = ProfilerCallback(dataset=x if is_tf_dataset(x) else None)
-        kwargs["callbacks"] = [*callbacks, callback]
-        frame = sys._getframe(2)
-        site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-        label = self._unique(f"fit@{site}")
-        callback.session.meta["run_loader"] = {"label": label, "site": site}
-        self.loaders[id(callback)] = Loader(
-            label, site, None, callback, passes=1, callback=callback
-        )
-        if self.sample_hz and not self._samplers:
-            from pipeprof.collect.samplers import HostSampler
-
-            self._samplers.append(HostSampler(hz=self.sample_hz).start())
-        return callback
-
-    def _patch_lightning(self) -> None:
-        """Lightning's ``Trainer.fit`` gets pipeprof's callback (NOTE [ Lightning ])."""
-        for name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
-            module = sys.modules.get(name)
-            trainer_cls = getattr(module, "Trainer", None)
-            if trainer_cls is not None and not hasattr(trainer_cls.fit, "_pipeprof"):
-                self._patch_trainer(trainer_cls, "fit", "lightning")
-
-    def _patch_hf(self) -> None:
-        """Hugging Face's ``Trainer.train`` gets pipeprof's callback (NOTE [ Hugging Face
-        Trainer ])."""
-        self._patch_trainer(sys.modules["transformers.trainer"].Trainer, "train", "hf")
-
-    def _patch_trainer(self, trainer_cls: Any, method: str, kind: str) -> None:
-        """``trainer_cls.method`` runs with pipeprof's callback of ``kind`` among its callbacks;
-        its loops are then the callback's, the run's own DataLoader patch never sees them."""
-        run = self
-        orig = getattr(trainer_cls, method)
-
-        @functools.wraps(orig)
-        def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
-            if run.stopped or run._local.inside or os.getpid() != run.pid:
-                return orig(trainer, *args, **kwargs)
-            callback = run._framework_callback(kind, trainer, method)
-            if callback is None:
-                return orig(trainer, *args, **kwargs)
-            add, remove = _callback_list(kind, trainer)
-            add(callback)
-            try:
-                return orig(trainer, *args, **kwargs)
-            except BaseException:
-                callback.finish(interrupted=True)  # HF has no exception hook
-                raise
-            finally:
-                remove(callback)
-                callback.finish()
-                for key, prof in ((id(callback), callback.loops.train),
-                                  (id(callback.loops), callback.loops.val)):  # fmt: skip
-                    entry = run.loaders.get(key)
-                    if entry is not None and prof.session.loop is not None:
-                        entry.passes = prof.session.loop.epochs
-
-        train._pipeprof = True  # type: ignore[attr-defined]
-        setattr(trainer_cls, method, train)
-        self._undo.append(lambda: setattr(trainer_cls, method, orig))
-
-    def _framework_callback(self, kind: str, trainer: Any, method: str) -> Any:
-        """pipeprof's callback for one ``fit()``/``train()``, registered as this run's loops;
-        None when the trainer has one already (its report is the script's)."""
-        if kind == "lightning":
-            from pipeprof.attach import lightning as integration
-
-            existing = list(trainer.callbacks)
-            base = next(c for c in type(trainer).__mro__ if c.__name__ == "Trainer")
-            package = base.__module__.split(".")[0]
-            callback_base = (
-                sys.modules["lightning.pytorch"].Callback
-                if package == "lightning"
-                else sys.modules["pytorch_lightning"].Callback
-            )
-            make: Any = integration.callback_class(callback_base)
-            mine: Any = integration.Hooks
-        else:
-            from pipeprof.attach import hf as integration  # type: ignore[no-redef]
-
-            existing = list(trainer.callback_handler.callbacks)
-            make = mine = integration.PipeprofCallback
-        if any(isinstance(c, mine) for c in existing):
-            self.notes.append(
-                f"{method}() already has pipeprof's callback: its report is the script's"
-            )
-            return None
-        callback = make(sample_hz=0)  # the run samples the host itself
-        frame = sys._getframe(2)
-        site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-        label = self._unique(f"Trainer.{method}@{site}")
-        loops = callback.loops
-        loops.train.session.meta["run_loader"] = {"label": label, "site": site}
-        self.loaders[id(callback)] = Loader(label, site, loops.train, callback, passes=1,
-                                            callback=callback)  # fmt: skip
-        val = self._unique(f"{label} validation")
-        loops.val.session.meta["run_loader"] = {"label": val, "site": site}
-        self.loaders[id(loops)] = Loader(val, site, loops.val, loops, nested_in={label})
-        if self.sample_hz and not self._samplers:
-            from pipeprof.collect.samplers import HostSampler
-
-            self._samplers.append(HostSampler(hz=self.sample_hz).start())
-        return callback
-
-    def _patch_distributed(self) -> None:
-        """DDP's all-reduce and the blocking collectives as the step's comm (NOTE [ Comm ]).
-
-        DDP takes one communication hook per model: pipeprof registers its timed all-reduce at
-        the model's first forward, unless the script registered a hook of its own, which is then
-        timed instead (a built-in C++ hook cannot be wrapped: a note says so)."""
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        from pipeprof.collect.comm import COLLECTIVES, collective, time_ddp, timed_hook
-
-        run = self
-        orig_forward, orig_register = DDP.forward, DDP.register_comm_hook
-
-        @functools.wraps(orig_register)
-        def register_comm_hook(model: Any, state: Any, hook: Any) -> Any:
-            model._pipeprof_hooked = True
-            if getattr(hook, "pipeprof_timed", False) or getattr(hook, "__name__", "") in (
-                "bf16_compress_hook", "bf16_compress_wrapper_hook",  # DDP checks these names
-            ):  # fmt: skip
-                return orig_register(model, state, hook)
-            run.seen.add("Comm")
-            return orig_register(model, state, timed_hook(hook, run._comm_clock))
-
-        @functools.wraps(orig_forward)
-        def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
-            if not run.stopped and not getattr(model, "_pipeprof_hooked", False):
-                model._pipeprof_hooked = True
-                try:
-                    time_ddp(model, run._comm_clock)
-                    run.seen.add("Comm")
-                except RuntimeError as exc:  # a built-in hook is registered already
-                    run.notes.append(f"DDP's all-reduce was not timed ({exc}); it counts as "
-                                     "compute")  # fmt: skip
-            return orig_forward(model, *args, **kwargs)  # type: ignore[no-untyped-call]
-
-        DDP.forward = forward  # type: ignore[method-assign,assignment]
-        DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign,assignment]
-        originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
-        for name, fn in originals.items():
-            setattr(dist, name, collective(fn, self._comm_timer))
-        orig_destroy = dist.destroy_process_group
-
-        @functools.wraps(orig_destroy)
-        def destroy_process_group(group: Any = None) -> Any:
-            if group is None and os.getpid() == run.pid:  # the job's group: training is over
-                run.end_of_job("the script destroyed its process group, where the job report is "
-                           "gathered")  # fmt: skip
-            return orig_destroy(group)
-
-        dist.destroy_process_group = destroy_process_group
-
-        def undo() -> None:
-            DDP.forward = orig_forward  # type: ignore[method-assign]
-            DDP.register_comm_hook = orig_register  # type: ignore[method-assign]
-            dist.destroy_process_group = orig_destroy
-            for name, fn in originals.items():
-                setattr(dist, name, fn)
-
-        self._undo.append(undo)
-
-    def _comm_clock(self) -> Any:
+    def comm_clock(self) -> Any:
         p = self.current
         if p is None or self.stopped or p.entry.prof is None:
             return None
         return p.entry.prof.comm_target()
 
-    def _comm_timer(self) -> Any:
+    def comm_timer(self) -> Any:
         timer = self._timer()
         if timer is not None:
             self.seen.add("Comm")
@@ -591,8 +346,7 @@ class Run:
                 )
             return start(prof)
 
-        Profiler.start = wrapped  # type: ignore[method-assign,assignment]
-        self._undo.append(lambda: setattr(Profiler, "start", start))
+        self.patches.replace(Profiler, "start", wrapped)
 
     # NOTE [ Regions on a short path ]
     # ``pipeprof run`` times Forward, Backward and Optimizer in every step. Through the
@@ -681,7 +435,7 @@ class Run:
 
     # ---- loaders --------------------------------------------------------------------------
 
-    def _remember_site(self, loader: Any, name: bool = True) -> None:
+    def remember_site(self, loader: Any, name: bool = True) -> None:
         """Where the script made ``loader``: the first frame of the user's own code, past
         pipeprof's, torch's and TensorFlow's and past installed libraries' (Lightning wraps
         ``DataLoader.__init__`` while it calls a DataModule's ``test_dataloader``: its wrapper's
@@ -743,7 +497,7 @@ class Run:
         entry = self.loaders.get(id(loader))
         if entry is not None and entry.loader is loader:
             return entry
-        name, site, key = self.sites.get(loader, ("", "", "")) if _weakable(loader) else ("",) * 3
+        name, site, key = self.sites.get(loader, ("", "", "")) if weakable(loader) else ("",) * 3
         entry = self._by_site.get(key) if key else None
         if entry is not None and not entry.open_passes and entry.prof is not None:
             # a new loader made where the last one was (a loader per epoch): the same loop
@@ -753,10 +507,10 @@ class Run:
             self.loaders[id(loader)] = entry
             return entry
         kind = "DataLoader" if hasattr(loader, "num_workers") else "tf.data"
-        label = self._unique(name or (f"{kind}@{site}" if site else kind))
+        label = self.unique(name or (f"{kind}@{site}" if site else kind))
         prof = Profiler(sample_hz=0, nvtx=self.nvtx, stage_every=self.stage_every)
         prof.session.meta["run_loader"] = {"label": label, "site": site}
-        entry = self.loaders[id(loader)] = Loader(label, site, prof, loader)
+        entry = self.register(id(loader), label, site, prof, loader)
         if key:
             self._by_site[key] = entry
         return entry
@@ -782,7 +536,7 @@ class Run:
         self.snapshot_ns += clock() - t0
         main.session.costs["snapshot_ns"] = self.snapshot_ns
 
-    def _unique(self, label: str) -> str:
+    def unique(self, label: str) -> str:
         taken = {e.label for e in self.loaders.values()}
         base, n = label, 1
         while label in taken:
@@ -790,15 +544,25 @@ class Run:
             label = f"{base}#{n}"
         return label
 
-    def _pass(self, loader: Any) -> Any:
-        """An iterator over one pass of ``loader``, profiled (NOTE [ Run ]): torch's own where it
-        can be (NOTE [ The user's own iterator ] in collect/torch/loader.py), else a generator."""
-        if self.sample_hz and not self._samplers:  # from the first pass: the loop's host
+    def register(self, key: int, label: str, site: str, prof: Profiler | None, owner: Any,
+                 **fields: Any) -> Loader:  # fmt: skip
+        """A loader (or a framework's callback, ``prof`` None) in this run's table."""
+        entry = self.loaders[key] = Loader(label, site, prof, owner, **fields)
+        return entry
+
+    def start_host_sampler(self) -> None:
+        """The host sampler, started once: at the first pass or framework callback."""
+        if self.sample_hz and not self._samplers:
             from pipeprof.collect.samplers import HostSampler
 
             self._samplers.append(HostSampler(hz=self.sample_hz).start())
+
+    def profiled_pass(self, loader: Any) -> Any:
+        """An iterator over one pass of ``loader``, profiled (NOTE [ Run ]): torch's own where it
+        can be (NOTE [ The user's own iterator ] in collect/torch/loader.py), else a generator."""
+        self.start_host_sampler()  # from the first pass: the loop's host
         entry = self._entry(loader)
-        local = self._local
+        local = self.local
         local.inside += 1
         try:  # NOTE [ The user's own iterator ]
             steps, it, short, source = entry.prof.begin_pass(loader)  # type: ignore[union-attr]
@@ -840,7 +604,7 @@ class Run:
         path ]); ``slow`` asks the pass."""
         prof: Any = entry.prof
         log: StepLog = prof.step_log
-        local = self._local
+        local = self.local
         run = self
         cls = log.classified
 
@@ -883,7 +647,7 @@ class Run:
         return next_data
 
     def _steps(self, entry: Loader, steps: Any, cell: list[Any] | None = None) -> Any:
-        local = self._local
+        local = self.local
         p = _Pass(entry, self.current if self.current is not None else None, clock())
         if cell is not None:
             cell[0] = p
@@ -1233,19 +997,6 @@ def step_region_ns(calls: int = 2000, quiet: bool = False) -> float:
     return cached[0]
 
 
-def _callback_list(kind: str, trainer: Any) -> tuple[Any, Any]:
-    """How to add a callback to ``trainer`` and take it out again."""
-    if kind == "hf":
-        return trainer.add_callback, trainer.remove_callback
-    callbacks = trainer.callbacks
-
-    def remove(callback: Any) -> None:
-        if callback in callbacks:
-            callbacks.remove(callback)
-
-    return callbacks.append, remove
-
-
 def _remove_hook(hook: Any) -> None:
     if hook in sys.meta_path:
         sys.meta_path.remove(hook)
@@ -1275,14 +1026,6 @@ def _library_frame(frame: Any) -> bool:
         or file.startswith("<frozen")
         or file.startswith(_STDLIB)
     )
-
-
-def _weakable(obj: Any) -> bool:
-    try:
-        weakref.ref(obj)
-    except TypeError:
-        return False
-    return True
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

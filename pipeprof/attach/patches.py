@@ -1,0 +1,320 @@
+"""The patches ``pipeprof run`` installs, and their undoing (NOTE [ Run ] in attach/run.py).
+
+NOTE [ Patches ]
+Each patch is a function of the ``Run``, called once the module it patches has been imported
+(``PATCHES``: the run's import hook waits for it; a script that never imports a framework pays
+nothing for it). A patch replaces public seams of the framework's classes and pushes how to put
+them back on the run's ``Patches``, which undoes them all in the reverse order when the script
+ends. One function per framework:
+
+1. torch: ``Run._patch_torch`` in attach/run.py (``DataLoader``, ``Tensor.backward``, the outermost
+   ``Module`` call, the optimizer's step), and ``patch_distributed`` here (DDP's communication);
+2. tf.data: ``patch_tf``, a pass of a dataset iterated in a Python loop;
+3. Keras: ``patch_keras``, pipeprof's Keras callback added to ``fit()``;
+4. Lightning and Hugging Face: ``patch_lightning`` and ``patch_hf``, pipeprof's callback of that
+   framework added to ``Trainer.fit`` / ``Trainer.train`` (attach/lightning.py, attach/hf.py),
+   which routes the trainer's loaders itself.
+
+A patch reads the run through its public names (``local``, ``profiled_pass``, ``remember_site``,
+``unique``, ``start_host_sampler``, ``comm_clock``...), as the torch patch does.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pipeprof.core.recorder import clock
+
+
+class Run(Protocol):
+    """What a patch reads and calls of ``pipeprof run``'s Run (attach/run.py)."""
+
+    pid: int  # the script's process: a process it forks is not profiled
+    stopped: bool  # profiling is over: the patches call straight through
+    sample_hz: float
+    notes: list[str]
+    seen: set[str]  # the regions seen
+    loaders: dict[int, Any]
+    sites: Any  # loader -> where the script made it
+    patches: Patches
+    local: Any  # ``local.inside`` > 0 while pipeprof itself iterates
+
+    def profiled_pass(self, loader: Any) -> Any: ...
+    def remember_site(self, loader: Any, name: bool = True) -> None: ...
+    def unique(self, label: str) -> str: ...
+    def register(self, key: int, label: str, site: str, prof: Any, owner: Any,
+                 **fields: Any) -> Any: ...  # fmt: skip
+    def start_host_sampler(self) -> None: ...
+    def comm_clock(self) -> Any: ...
+    def comm_timer(self) -> Any: ...
+    def end_of_job(self, why: str | None) -> None: ...
+
+
+class Patches:
+    """The patches installed, each as how to undo it; ``undo`` runs them in reverse order."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def add(self, undo: Callable[[], None]) -> None:
+        self._undo.append(undo)
+
+    def replace(self, owner: Any, name: str, value: Any) -> None:
+        """``owner.name = value``, undone by putting back what ``owner`` held itself."""
+        missing = object()
+        before = vars(owner).get(name, missing) if isinstance(owner, type) else getattr(owner, name)
+        setattr(owner, name, value)
+        if before is missing:
+            self.add(lambda: delattr(owner, name))
+        else:
+            self.add(lambda: setattr(owner, name, before))
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def weakable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def callback_list(kind: str, trainer: Any) -> tuple[Any, Any]:
+    """How to add a callback to ``trainer`` and take it out again."""
+    if kind == "hf":
+        return trainer.add_callback, trainer.remove_callback
+    callbacks = trainer.callbacks
+
+    def remove(callback: Any) -> None:
+        if callback in callbacks:
+            callbacks.remove(callback)
+
+    return callbacks.append, remove
+
+
+def patch_tf(run: Run) -> None:
+    """tf.data iterated in a Python loop: a profiled pass; Keras ``fit()``: its callback."""
+    import tensorflow as tf
+
+    dataset_cls = tf.data.Dataset
+    orig_iter = dataset_cls.__iter__
+
+    @functools.wraps(orig_iter)
+    def __iter__(dataset: Any) -> Any:
+        if (
+            run.stopped
+            or run.local.inside
+            or os.getpid() != run.pid
+            or not tf.executing_eagerly()  # inside a tf.function: TensorFlow's own loop
+        ):
+            return orig_iter(dataset)
+        if weakable(dataset) and dataset not in run.sites:
+            run.remember_site(dataset, name=False)
+        return run.profiled_pass(dataset)
+
+    run.patches.replace(dataset_cls, "__iter__", __iter__)
+
+
+def patch_keras(run: Run) -> None:
+    """Keras ``fit()`` gets pipeprof's callback (keras imports tensorflow: its own hook)."""
+    import keras
+
+    model_cls = keras.Model
+    orig_fit = model_cls.fit
+
+    @functools.wraps(orig_fit)
+    def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if run.stopped or run.local.inside or os.getpid() != run.pid:
+            return orig_fit(model, *args, **kwargs)
+        callback = _keras_callback(run, args, kwargs)
+        run.local.inside += 1  # fit's own iteration of the dataset is the callback's
+        try:
+            return orig_fit(model, *args, **kwargs)
+        finally:
+            run.local.inside -= 1
+            if callback is not None:
+                callback.session.end_ns = callback.session.end_ns or clock()
+
+    run.patches.replace(model_cls, "fit", fit)
+
+
+def _keras_callback(run: Run, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Add pipeprof's Keras callback to a ``fit()`` call (in ``kwargs``); None if not."""
+    from pipeprof.attach.keras import ProfilerCallback
+    from pipeprof.core.detect import is_tf_dataset
+
+    callbacks = list(kwargs.get("callbacks") or [])
+    if len(args) > 5:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+        run.notes.append("fit() got its callbacks by position: pipeprof added none")
+        return None
+    if any(isinstance(c, ProfilerCallback) for c in callbacks):
+        run.notes.append("fit() already has pipeprof's callback: its report is the script's")
+        return None
+    x = args[0] if args else kwargs.get("x")
+    callback = ProfilerCallback(dataset=x if is_tf_dataset(x) else None)
+    kwargs["callbacks"] = [*callbacks, callback]
+    frame = sys._getframe(2)
+    site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    label = run.unique(f"fit@{site}")
+    callback.session.meta["run_loader"] = {"label": label, "site": site}
+    run.register(id(callback), label, site, None, callback, passes=1, callback=callback)
+    run.start_host_sampler()
+    return callback
+
+
+def patch_lightning(run: Run) -> None:
+    """Lightning's ``Trainer.fit`` gets pipeprof's callback (NOTE [ Lightning ])."""
+    for name in ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"):
+        module = sys.modules.get(name)
+        trainer_cls = getattr(module, "Trainer", None)
+        if trainer_cls is not None and not hasattr(trainer_cls.fit, "_pipeprof"):
+            _patch_trainer(run, trainer_cls, "fit", "lightning")
+
+
+def patch_hf(run: Run) -> None:
+    """Hugging Face's ``Trainer.train`` gets pipeprof's callback (NOTE [ Hugging Face
+    Trainer ])."""
+    _patch_trainer(run, sys.modules["transformers.trainer"].Trainer, "train", "hf")
+
+
+def _patch_trainer(run: Run, trainer_cls: Any, method: str, kind: str) -> None:
+    """``trainer_cls.method`` runs with pipeprof's callback of ``kind`` among its callbacks;
+    its loops are then the callback's, the run's own DataLoader patch never sees them."""
+    orig = getattr(trainer_cls, method)
+
+    @functools.wraps(orig)
+    def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+        if run.stopped or run.local.inside or os.getpid() != run.pid:
+            return orig(trainer, *args, **kwargs)
+        callback = _framework_callback(run, kind, trainer, method)
+        if callback is None:
+            return orig(trainer, *args, **kwargs)
+        add, remove = callback_list(kind, trainer)
+        add(callback)
+        try:
+            return orig(trainer, *args, **kwargs)
+        except BaseException:
+            callback.finish(interrupted=True)  # HF has no exception hook
+            raise
+        finally:
+            remove(callback)
+            callback.finish()
+            for key, prof in ((id(callback), callback.loops.train),
+                              (id(callback.loops), callback.loops.val)):  # fmt: skip
+                entry = run.loaders.get(key)
+                if entry is not None and prof.session.loop is not None:
+                    entry.passes = prof.session.loop.epochs
+
+    train._pipeprof = True  # type: ignore[attr-defined]
+    run.patches.replace(trainer_cls, method, train)
+
+
+def _framework_callback(run: Run, kind: str, trainer: Any, method: str) -> Any:
+    """pipeprof's callback for one ``fit()``/``train()``, registered as this run's loops;
+    None when the trainer has one already (its report is the script's)."""
+    if kind == "lightning":
+        from pipeprof.attach import lightning as integration
+
+        existing = list(trainer.callbacks)
+        base = next(c for c in type(trainer).__mro__ if c.__name__ == "Trainer")
+        package = base.__module__.split(".")[0]
+        callback_base = (
+            sys.modules["lightning.pytorch"].Callback
+            if package == "lightning"
+            else sys.modules["pytorch_lightning"].Callback
+        )
+        make: Any = integration.callback_class(callback_base)
+        mine: Any = integration.Hooks
+    else:
+        from pipeprof.attach import hf as integration  # type: ignore[no-redef]
+
+        existing = list(trainer.callback_handler.callbacks)
+        make = mine = integration.PipeprofCallback
+    if any(isinstance(c, mine) for c in existing):
+        run.notes.append(
+            f"{method}() already has pipeprof's callback: its report is the script's"
+        )
+        return None
+    callback = make(sample_hz=0)  # the run samples the host itself
+    frame = sys._getframe(2)
+    site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    label = run.unique(f"Trainer.{method}@{site}")
+    loops = callback.loops
+    loops.train.session.meta["run_loader"] = {"label": label, "site": site}
+    run.register(id(callback), label, site, loops.train, callback, passes=1, callback=callback)
+    val = run.unique(f"{label} validation")
+    loops.val.session.meta["run_loader"] = {"label": val, "site": site}
+    run.register(id(loops), val, site, loops.val, loops, nested_in={label})
+    run.start_host_sampler()
+    return callback
+
+
+def patch_distributed(run: Run) -> None:
+    """DDP's all-reduce and the blocking collectives as the step's comm (NOTE [ Comm ]).
+
+    DDP takes one communication hook per model: pipeprof registers its timed all-reduce at
+    the model's first forward, unless the script registered a hook of its own, which is then
+    timed instead (a built-in C++ hook cannot be wrapped: a note says so)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from pipeprof.collect.comm import COLLECTIVES, collective, time_ddp, timed_hook
+
+    orig_forward, orig_register = DDP.forward, DDP.register_comm_hook
+
+    @functools.wraps(orig_register)
+    def register_comm_hook(model: Any, state: Any, hook: Any) -> Any:
+        model._pipeprof_hooked = True
+        if getattr(hook, "pipeprof_timed", False) or getattr(hook, "__name__", "") in (
+            "bf16_compress_hook", "bf16_compress_wrapper_hook",  # DDP checks these names
+        ):  # fmt: skip
+            return orig_register(model, state, hook)
+        run.seen.add("Comm")
+        return orig_register(model, state, timed_hook(hook, run.comm_clock))
+
+    @functools.wraps(orig_forward)
+    def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if not run.stopped and not getattr(model, "_pipeprof_hooked", False):
+            model._pipeprof_hooked = True
+            try:
+                time_ddp(model, run.comm_clock)
+                run.seen.add("Comm")
+            except RuntimeError as exc:  # a built-in hook is registered already
+                run.notes.append(f"DDP's all-reduce was not timed ({exc}); it counts as "
+                                 "compute")  # fmt: skip
+        return orig_forward(model, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    patches = run.patches
+    patches.replace(DDP, "forward", forward)
+    patches.replace(DDP, "register_comm_hook", register_comm_hook)
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            patches.replace(dist, name, collective(getattr(dist, name), run.comm_timer))
+    orig_destroy = dist.destroy_process_group
+
+    @functools.wraps(orig_destroy)
+    def destroy_process_group(group: Any = None) -> Any:
+        if group is None and os.getpid() == run.pid:  # the job's group: training is over
+            run.end_of_job("the script destroyed its process group, where the job report is "
+                           "gathered")  # fmt: skip
+        return orig_destroy(group)
+
+    patches.replace(dist, "destroy_process_group", destroy_process_group)
+
+
+# (the module whose import installs it, the patch); torch's is the run's own (Run._patch_torch)
+PATCHES: tuple[tuple[str, Callable[[Run], None]], ...] = (
+    ("tensorflow", patch_tf),
+    ("keras", patch_keras),
+    ("lightning.pytorch.trainer.trainer", patch_lightning),
+    ("pytorch_lightning.trainer.trainer", patch_lightning),
+    ("transformers.trainer", patch_hf),
+)
