@@ -10,18 +10,16 @@ import os
 import signal
 import sys
 import tempfile
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from pipeprof.attach import outputs
+from pipeprof.attach.outputs import error
 from pipeprof.bench.bench import Bench, bench
 from pipeprof.core.recorder import STAGE_EVERY
-from pipeprof.core.session import check_writable, write_atomic
+from pipeprof.core.session import check_writable, naming, write_atomic
 from pipeprof.render import FORMATS, format_for
 from pipeprof.report import Report
 from pipeprof.version import __version__
@@ -265,11 +263,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         report = train(loader, device, batches=args.batches)
     console.print(report)
-    with _naming(args.html):
+    with naming(args.html):
         path = report.write_html(args.html)
     console.print(f"HTML report: {path.resolve()}")
     if args.output:
-        with _naming(args.output):
+        with naming(args.output):
             console.print(f"saved: {report.save(args.output)}")
     if report.session.interrupted:
         console.print("[yellow]interrupted: the report covers the batches before Ctrl-C[/yellow]")
@@ -313,25 +311,14 @@ def _format(args: argparse.Namespace, formats: tuple[str, ...] = FORMATS) -> str
 
 def _check_writable(output: str) -> None:
     """Fail now, naming ``output``, if it cannot be written."""
-    with _naming(output):
+    with naming(output):
         check_writable(output)
-
-
-@contextmanager
-def _naming(path: str) -> Iterator[None]:
-    """An OSError in the block that writes ``path`` names it (a failed write() names no file, a
-    failed atomic save its temporary file)."""
-    try:
-        yield
-    except OSError as exc:
-        why = f"cannot be written ({exc.strerror or exc}); choose another path"
-        raise OSError(exc.errno, why, path) from exc  # PermissionError etc. by errno
 
 
 def _write(text: str, output: str | None) -> int:
     """``text`` to the file ``output``, or to standard output."""
     if output:
-        with _naming(output):
+        with naming(output):
             write_atomic(output, text)
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -471,8 +458,8 @@ def cmd_run(argv: list[str]) -> int:
     from pipeprof.collect.ranks import from_env, rank_path
 
     opts.rank = from_env()  # torchrun, srun, mpirun: a file per rank (NOTE [ Ranks ])
-    opts.job_out = _job_path(opts.out) if opts.rank.distributed else None
-    opts.job_html = _job_path(opts.html) if opts.rank.distributed and opts.html else None
+    opts.job_out = outputs.job_path(opts.out) if opts.rank.distributed else None
+    opts.job_html = outputs.job_path(opts.html) if opts.rank.distributed and opts.html else None
     opts.cwd = os.getcwd()  # where the user is, whatever folder the script moves to
     opts.pid = os.getpid()  # the process that writes the reports (not a child it forks)
     for name in ("out", "html", "trace", "job_out", "job_html"):
@@ -488,14 +475,14 @@ def cmd_run(argv: list[str]) -> int:
         nvtx=opts.nvtx, stage_every=opts.stage_every, snapshot=opts.out,
         snapshot_s=opts.snapshot_s,
     )  # fmt: skip
-    run.on_stop = lambda: _run_outputs(run, opts, interrupted=False, gather=False)
-    run.on_job = lambda: _job_outputs(run, opts)
+    run.on_stop = lambda: outputs.run_outputs(run, opts, interrupted=False, gather=False)
+    run.on_job = lambda: outputs.job_outputs(run, opts)
     ended = runner.execute(run, target, module, script_args)
     clean = ended is None or (isinstance(ended, SystemExit) and ended.code in (None, 0))
     # torch's SIGCHLD handler raises in whatever runs when a worker of a loader still alive
     # (held by the ending's traceback) dies: with SIGTERM sent to the whole process group
     # (scancel, kill -TERM -PGID), while the report was being written. The script is over
-    chld = _children_quiet()
+    chld = outputs.children_quiet()
     try:
         if clean:
             run.end_of_job(None)  # NOTE [ Job gather ] in attach/run.py: a job still up gathers
@@ -504,163 +491,13 @@ def cmd_run(argv: list[str]) -> int:
             if not clean and not interrupted and ended is not None:
                 run.notes.append(f"the script ended with {type(ended).__name__}: {ended}; the "
                                  "report covers what ran until then")  # fmt: skip
-            _run_outputs(run, opts, interrupted, gather=False)
+            outputs.run_outputs(run, opts, interrupted, gather=False)
     except Exception as exc:  # the script's own ending comes first
-        _error(f"the report could not be written ({type(exc).__name__}: {exc})")
+        error(f"the report could not be written ({type(exc).__name__}: {exc})")
     finally:
         if chld is not None:
             signal.signal(signal.SIGCHLD, chld)
     return runner.end_like(ended)
-
-
-def _children_quiet() -> Any:
-    """SIGCHLD's handler, set to the default (ignored) for the report's writing; None where
-    there is none to set (not the main thread, no SIGCHLD)."""
-    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-
-
-def _shown(path: str, cwd: str) -> str:
-    """An output's path as the user would type it where they ran pipeprof: relative to that
-    folder when the file lies under it, else absolute."""
-    rel = os.path.relpath(path, cwd)
-    return path if rel.startswith("..") else rel
-
-
-def _job_path(path: str) -> str:
-    """Where rank 0 writes the job report: ``run.json`` -> ``run.job.json``."""
-    p = Path(path)
-    suffix = "".join(p.suffixes[-1:])
-    stem = p.name[: len(p.name) - len(suffix)] if suffix else p.name
-    return str(p.with_name(f"{stem}.job{suffix}"))
-
-
-def _job_outputs(run: Any, opts: argparse.Namespace) -> None:
-    """This rank's files, then the job report gathered to rank 0 over the job's process group
-    (NOTE [ Job gather ] in attach/run.py), written by rank 0 next to its own."""
-    if os.getpid() != opts.pid:  # a forked child's copy of the run: not this rank's
-        return
-    if not run.written:
-        _run_outputs(run, opts, interrupted=False, gather=True)
-    rank = opts.rank
-    dist = sys.modules.get("torch.distributed")
-    if not rank.distributed or dist is None or not dist.is_initialized():
-        return
-    from pipeprof.analyze.job import job_dict
-    from pipeprof.report import Job
-
-    t0 = time.perf_counter()
-    mine = getattr(run, "job_entry", None)
-    got: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(mine, got, dst=0)
-    if got is None:
-        return
-    gather_s = time.perf_counter() - t0
-    err = Console(stderr=True, soft_wrap=True)
-    entries = [e for e in got if e is not None]
-    if not entries:
-        return
-    data = job_dict(entries)
-    data["gather_s"] = round(gather_s, 6)
-    job = Job(data)
-    with _naming(opts.job_out):
-        write_atomic(opts.job_out, job.render("json"))
-    if opts.job_html:
-        with _naming(opts.job_html):
-            write_atomic(opts.job_html, job.render("html"))
-    if opts.quiet:
-        return
-    Console(stderr=True).print(job)
-    err.print(f"job report gathered from {len(entries)} of {len(got)} ranks over the process "
-              f"group in {gather_s * 1e3:.0f} ms: {Path(opts.job_out).resolve()}",
-              markup=False, highlight=False)  # fmt: skip
-
-
-def _run_outputs(run: Any, opts: argparse.Namespace, interrupted: bool, gather: bool) -> None:
-    """Write the reports of ``pipeprof run`` and print the summary on stderr; ``gather``: the
-    job report is gathered next (else a distributed rank 0 says how to merge the files)."""
-    from pipeprof.attach import run as runner
-
-    if os.getpid() != opts.pid:  # a process the script forked ends its copy of the run: the
-        return  # report is the parent's to write (the child's would be the parent's, stale)
-    run.written = True
-    reports = run.reports(interrupted)
-    err = Console(stderr=True, soft_wrap=True)
-    if not reports:
-        started = [e.label for e in run.loaders.values()]
-        said = (
-            f"the script started {', '.join(started[:3])} but no batch came before it ended"
-            if started
-            else "the script iterated no torch DataLoader or tf.data dataset and ran no Keras "
-            "fit()"
-        )
-        err.print(f"pipeprof: {said}, so there is nothing to report (what pipeprof run sees: "
-                  "docs/run.md)", markup=False, highlight=False)  # fmt: skip
-        for note in run.notes:
-            if not note.endswith("the report covers what ran until then"):  # there is none
-                err.print(f"note: {note}", markup=False, highlight=False)
-        return
-    paths: dict[str, str] = {}
-    out = Path(opts.out)
-    for i, (entry, report) in enumerate(reports):
-        path = out if i == 0 else out.with_name(f"{out.stem}.{_slug(entry.label)}{out.suffix}")
-        with _naming(str(path)):
-            report.save(path)
-        paths[entry.label] = str(path)
-    main = reports[0][1]
-    data = main.to_dict()
-    for part in (data, data.get("host") or {}, data.get("gpu") or {}):
-        part.pop("timeline", None)  # the job report reads none of them: the gather stays small
-    run.job_entry = (_shown(paths[reports[0][0].label], opts.cwd), {**data, "started_at":
-                                                       main.session.started_at})  # fmt: skip
-    if opts.html:
-        with _naming(opts.html):
-            main.write_html(opts.html)
-    if opts.trace:
-        with _naming(opts.trace):
-            write_atomic(opts.trace, main.render("chrome"))
-    rank = opts.rank
-    logged = _log_report(main, opts.log_to) if rank.rank == 0 else []
-    if opts.quiet or (rank.rank != 0 and not opts.all_ranks):
-        return
-    if rank.distributed:
-        err.print(f"pipeprof: rank {rank.rank} of {rank.world_size} ({rank.host})",
-                  markup=False, highlight=False)  # fmt: skip
-    Console(stderr=True).print(main)
-    shown = {label: _shown(path, opts.cwd) for label, path in paths.items()}
-    for line in runner.summary_lines(reports, shown):
-        err.print(line, markup=False, highlight=False)
-    for path in (opts.html, opts.trace):
-        if path:
-            err.print(f"written: {Path(path).resolve()}", markup=False, highlight=False)
-    for line in logged:
-        err.print(line, markup=False, highlight=False)
-    if rank.distributed and rank.rank == 0 and not gather:
-        every = Path(opts.out).name.replace(".rank0", ".rank*")
-        err.print(
-            f"every rank wrote its own report; one job report: pipeprof merge "
-            f"{Path(opts.out).parent / every} -o job.json (docs/distributed.md)",
-            markup=False, highlight=False,
-        )  # fmt: skip
-
-
-def _log_report(report: Report, targets: list[tuple[str, dict[str, str]]]) -> list[str]:
-    """Log ``report`` to each --log-to tool; one line per tool logged to. A tool that fails
-    says why, and the script's exit status stays its own."""
-    lines = []
-    for tool, options in targets:
-        try:
-            where = report.log_to(tool, **options)
-        except Exception as exc:
-            _error(f"the report could not be logged to {tool} ({type(exc).__name__}: {exc})")
-        else:
-            lines.append(f"logged to {tool}: {where}")
-    return lines
-
-
-def _slug(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label).strip("_") or "loader"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -669,10 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return cmd_run(argv[1:])
         except OSError as exc:
-            _error(_os_message(exc))
+            error(_os_message(exc))
             return 2
         except ValueError as exc:
-            _error(str(exc))
+            error(str(exc))
             return 2
     args = _parser().parse_args(argv)
     try:
@@ -686,21 +523,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_merge(args)
         return cmd_report(args)
     except KeyboardInterrupt:
-        _error("interrupted")
+        error("interrupted")
         return INTERRUPTED
     except OSError as exc:  # FileNotFoundError too: a path that cannot be read or written
-        _error(_os_message(exc))
+        error(_os_message(exc))
         return 2
     except (ValueError, ImportError) as exc:
-        _error(str(exc))
+        error(str(exc))
         return 2
-
-
-def _error(message: str) -> None:
-    # the message as it is: no markup read from it, no line breaks added inside a path
-    Console(stderr=True, soft_wrap=True).print(
-        f"pipeprof: {message}", style="red", markup=False, highlight=False
-    )
 
 
 def _os_message(exc: OSError) -> str:

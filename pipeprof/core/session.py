@@ -35,7 +35,8 @@ import os
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice, repeat
 from pathlib import Path
@@ -646,6 +647,17 @@ def _latest(ring: deque[Any], n: int) -> list[Any]:
 
 def _start(span: tuple[str, str, int, int]) -> int:
     return span[2]
+
+
+@contextmanager
+def naming(path: str) -> Iterator[None]:
+    """An OSError in the block that writes ``path`` names it (a failed write() names no file, a
+    failed atomic save its temporary file)."""
+    try:
+        yield
+    except OSError as exc:
+        why = f"cannot be written ({exc.strerror or exc}); choose another path"
+        raise OSError(exc.errno, why, path) from exc  # PermissionError etc. by errno
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
