@@ -213,14 +213,51 @@ def test_without_cuda_a_note_and_one_warning_and_nothing_emitted(seen, monkeypat
     assert not seen.exists()  # nothing emitted, in any process
 
 
-def test_the_variants_mean_the_same_in_recorder_s_namespace():
-    """The swapped code runs with core/recorder.py's globals (NOTE [ NVTX ranges ])."""
-    mine, theirs = vars(ranges), vars(recmod)
-    for fn, _original, variant in ranges._CODES:
-        assert fn.__globals__ is theirs
-        for name in variant.co_names:
-            if name in mine:
-                assert theirs.get(name) is mine[name], name
+def test_the_variants_are_made_from_the_originals_source():
+    """NOTE [ Variants from the same source ] (collect/ranges.py): each variant runs in
+    core/recorder.py's globals, holds every line of its original at the same number, and adds
+    statements only at its two ``# NVTX:`` lines; the range goes around the timed call."""
+    variants = [(fn, original, variant) for fn, original, variant in ranges._CODES]
+    variants += [(ranges._ORIG_METHODS[cls, name], ranges._ORIG_METHODS[cls, name].__code__,
+                  variant.__code__) for cls, name, variant in ranges._METHODS[3:]]  # fmt: skip
+    assert len(variants) == 4
+    source = Path(recmod.__file__).read_text().splitlines()
+    for fn, original, variant in variants:
+        assert fn.__globals__ is vars(recmod)
+        plain = {line for _, _, line in original.co_lines() if line}
+        made = {line for _, _, line in variant.co_lines() if line}
+        added = made - plain
+        assert plain <= made and added, fn
+        assert all(source[n - 1].strip().startswith("# NVTX: ") for n in added), fn
+    # an edit of the original is an edit of its variant: a function of its own, marked
+    calls: list[str] = []
+
+    class Domain:
+        def get_event_attributes(self, message, color):
+            return message
+
+        def push_range(self, attrs):
+            calls.append(f"push {attrs}")
+
+        def pop_range(self):
+            calls.append("pop")
+
+    def timed(path, fn):
+        rec = recmod._recorder  # noqa: F841  (the variant reads it)
+        # NVTX: open path rec
+        out = fn()
+        # NVTX: close
+        return out
+
+    variant = ranges._ranged(timed)
+    before = recmod._recorder.ranges
+    recmod._recorder.ranges = ranges.Ranges(Domain())
+    try:
+        assert variant("load/x", lambda: calls.append("call") or 7) == 7
+    finally:
+        recmod._recorder.ranges = before
+    assert calls == ["push load/x", "call", "pop"]
+    assert timed("load/x", lambda: 8) == 8  # the original: no range, nothing changed
 
 
 def test_forced_records_equal_the_plain_ones(fresh, monkeypatch):

@@ -12,12 +12,11 @@ h5py switch does: in the picklable ``WorkerInit`` (collect/torch/loader.py).
 
 Off, this costs nothing: the hot path is not given a branch. While ranges are on in a process
 (``install``/``uninstall``, counted like profiles), ``timed_call1`` and ``stage_call1`` run the
-code of the variants below (their ``__code__`` is swapped, so every module that imported them by
+code of their variants (their ``__code__`` is swapped, so every module that imported them by
 name calls the variant), and ``stage`` and ``Recorder`` get variant methods; ``uninstall`` of the
-last user puts the originals back. A swapped code object keeps core/recorder.py's globals, so the
-variants name only globals that this module imports from there (the same objects in both
-namespaces): they mean the same in either module (a test checks it). While any profile with
-ranges runs in a process, every stage timed in that process emits them.
+last user puts the originals back. The variants are compiled from the originals' own source
+(NOTE [ Variants from the same source ]). While any profile with ranges runs in a process,
+every stage timed in that process emits them.
 
 Nothing is emitted where nothing would record it: no CUDA device (torch is imported and sees
 none), or no NVTX tool attached (not run under ``nsys profile``: the nvtx library then hands out
@@ -29,8 +28,11 @@ benchmarks/nvtx_cost.py exercise the emitting path on a machine without a GPU.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import sys
+import textwrap
 import threading
 import warnings
 from typing import Any
@@ -38,14 +40,9 @@ from typing import Any
 from pipeprof.collect.timer import Timer
 from pipeprof.core import recorder as _rec
 from pipeprof.core.recorder import (
-    _CHILD,
-    _ONE,
     Recorder,
-    _child,
     _recorder,
-    clock,
     stage,
-    timed_call,
 )
 
 DOMAIN = "pipeprof"
@@ -237,91 +234,75 @@ def _swap(ranges: Ranges | None) -> None:
         setattr(cls, name, variant if on else _ORIG_METHODS[cls, name])
 
 
-# ---- the variants: the originals in core/recorder.py plus a range (keep them in step) --------
+# ---- the variants: the originals in core/recorder.py plus a range -------------------------
+#
+# NOTE [ Variants from the same source ]
+# The hot functions of core/recorder.py (``timed_call1``, ``stage_call1``, ``stage.__enter__``
+# and ``__exit__``) carry two comment lines: ``# NVTX: open path rec`` before the first clock
+# read and ``# NVTX: close`` after the last. Their variants are compiled from their own source,
+# each such comment replaced by the statements that push the range of the local ``path``
+# through the recorder ``rec`` (registering its name the first time) or pop it, in
+# core/recorder.py's globals; they take the comment's line number, so every other line keeps
+# its own (tracebacks read as the original). An edit of the original is an edit of its variant,
+# and the plain code pays nothing for the markers. This needs the package's source files, as pip
+# installs them.
+
+# what each marker becomes: the hand-written form it replaced, statement for statement
+_OPEN_RANGE = """
+ranges = {rec}.ranges
+try:
+    attrs = ranges.attrs[{path}]
+except KeyError:
+    attrs = ranges.register({path})
+ranges.push(attrs)
+"""
+_POP_HERE, _POP = "ranges.pop()", "_recorder.ranges.pop()"
 
 
-def _timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any) -> Any:
-    """``core.recorder.timed_call1`` with an NVTX range around the timed call (its code runs
-    as timed_call1's, with core/recorder.py's globals: the names here must be the same)."""
-    if args or kwargs or x is _ONE:
-        return timed_call(path, fn, *(() if x is _ONE else (x,)), *args, **kwargs)
-    rec = _recorder
-    if not rec.enabled:
-        return fn(x)
-    st = rec._local.st
-    sink = st.sink
-    prev = st.path
-    d0 = st.detached
-    st.path = path
-    ranges = rec.ranges
-    try:
-        attrs = ranges.attrs[path]
-    except KeyError:
-        attrs = ranges.register(path)
-    ranges.push(attrs)
-    start = clock()
-    try:
-        return fn(x)
-    finally:
-        d0 += clock() - start
-        ranges.pop()
-        st.path = prev
-        own = d0 - st.detached
-        st.detached = d0 if prev is not None else 0
-        try:
-            raw = sink[path]
-        except KeyError:
-            raw = sink[path] = []
-        raw += (start, own)
+def _ranged(fn: Any) -> Any:
+    """``fn`` made again from its source with its ``# NVTX:`` lines as range calls (NOTE
+    [ Variants from the same source ])."""
+    lines, first = inspect.getsourcelines(fn)
+    source = "\n" * (first - 1) + textwrap.dedent("".join(lines))
+    tree = ast.parse(source)
+    opened = False
+    for number, line in enumerate(source.splitlines(), 1):
+        words = line.split()
+        if words[:2] != ["#", "NVTX:"]:
+            continue
+        if words[2] == "open":  # open PATH RECORDER: the local names of both
+            added = _OPEN_RANGE.format(path=words[3], rec=words[4])
+            opened = True
+        else:
+            added = _POP_HERE if opened else _POP
+        _insert(tree, number, ast.parse(added).body)
+    code = compile(tree, fn.__code__.co_filename, "exec", dont_inherit=True)
+    made: dict[str, Any] = {}
+    exec(code, fn.__globals__, made)
+    return made[fn.__name__]
 
 
-def _stage_call1(name: str, fn: Any, x: Any = _ONE, /, *a: Any, **k: Any) -> Any:
-    """``core.recorder.stage_call1`` with an NVTX range around the timed call."""
-    rec = _recorder
-    if not rec.enabled:
-        if a or k or x is _ONE:
-            return fn(*a, **k) if x is _ONE else fn(x, *a, **k)
-        return fn(x)
-    st = rec._local.st
-    sink = st.sink
-    prev = st.path
-    key = (prev if prev is not None else rec._main.path, name)
-    try:
-        path = _CHILD[key]
-    except KeyError:
-        path = _child(key)
-    d0 = st.detached
-    st.path = path
-    ranges = rec.ranges
-    try:
-        attrs = ranges.attrs[path]
-    except KeyError:
-        attrs = ranges.register(path)
-    ranges.push(attrs)
-    start = clock()
-    try:
-        if a or k or x is _ONE:
-            return fn(*a, **k) if x is _ONE else fn(x, *a, **k)
-        return fn(x)
-    finally:
-        dur = clock() - start
-        ranges.pop()
-        st.path = prev
-        own = dur + d0 - st.detached
-        if prev is None:
-            st.detached = 0
-        try:
-            raw = sink[path]
-        except KeyError:
-            raw = sink[path] = []
-        raw += (start, own)
+def _insert(tree: ast.Module, line: int, stmts: list[ast.stmt]) -> None:
+    """``stmts`` into the block of ``tree`` whose two statements ``line`` lies between, every
+    one of them at ``line``: the statements after it keep their own line numbers."""
+    for stmt in stmts:
+        for part in ast.walk(stmt):
+            if "lineno" in part._attributes:
+                part.lineno = part.end_lineno = line  # type: ignore[attr-defined]
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for k in range(1, len(block)):
+                if block[k - 1].end_lineno < line < block[k].lineno:  # type: ignore[operator]
+                    block[k:k] = stmts
+                    return
+    raise RuntimeError(f"no place for the NVTX range of line {line}")
 
 
 # the module functions whose code is swapped: (function, original code, variant code)
-_CODES = [
-    (_rec.timed_call1, _rec.timed_call1.__code__, _timed_call1.__code__),
-    (_rec.stage_call1, _rec.stage_call1.__code__, _stage_call1.__code__),
-]
+_CODES = [(fn, fn.__code__, _ranged(fn).__code__) for fn in (_rec.timed_call1, _rec.stage_call1)]
 
 
 _OPEN, _CLOSE, _DISCARD = Recorder.open, Recorder.close, Recorder.discard
@@ -343,52 +324,11 @@ def _discard(self: Recorder, frame: list[Any]) -> None:
     _DISCARD(self, frame)
 
 
-def _enter(self: stage) -> None:
-    """``stage.__enter__`` with a range (inlined as there)."""
-    rec = _recorder
-    if rec.enabled:
-        self.st = st = rec._local.st
-        self.prev = prev = st.path
-        key = (prev if prev is not None else rec._main.path, self.name)
-        try:
-            path = _CHILD[key]
-        except KeyError:
-            path = _child(key)
-        self.path = st.path = path
-        self.d0 = st.detached
-        self.sink = st.sink
-        ranges = rec.ranges
-        try:
-            attrs = ranges.attrs[path]
-        except KeyError:
-            attrs = ranges.register(path)
-        ranges.push(attrs)
-        self.start = clock()
-
-
-def _exit(self: stage, typ: object, exc: object, tb: object) -> None:
-    st = self.st
-    if st is not None:
-        dur = clock() - self.start
-        _recorder.ranges.pop()
-        self.st = None
-        prev = st.path = self.prev
-        own = dur + self.d0 - st.detached
-        if prev is None:
-            st.detached = 0
-        sink = self.sink
-        try:
-            raw = sink[self.path]
-        except KeyError:
-            raw = sink[self.path] = []
-        raw += (self.start, own)
-
-
 _METHODS: list[tuple[type, str, Any]] = [
     (Recorder, "open", _open),
     (Recorder, "close", _close),
     (Recorder, "discard", _discard),
-    (stage, "__enter__", _enter),
-    (stage, "__exit__", _exit),
+    (stage, "__enter__", _ranged(stage.__enter__)),
+    (stage, "__exit__", _ranged(stage.__exit__)),
 ]
 _ORIG_METHODS: dict[tuple[type, str], Any] = {(c, n): c.__dict__[n] for c, n, _ in _METHODS}

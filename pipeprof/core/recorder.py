@@ -316,12 +316,14 @@ class stage:
             self.path = st.path = path
             self.d0 = st.detached
             self.sink = st.sink
+            # NVTX: open path rec
             self.start = clock()
 
     def __exit__(self, typ: object, exc: object, tb: object) -> None:
         st = self.st
         if st is not None:  # Recorder.close, inlined
             dur = clock() - self.start
+            # NVTX: close
             self.st = None
             prev = st.path = self.prev
             own = dur + self.d0 - st.detached
@@ -410,11 +412,13 @@ def timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any)
     prev = st.path
     d0 = st.detached
     st.path = path
+    # NVTX: open path rec
     start = clock()
     try:
         return fn(x)
     finally:
         d0 += clock() - start
+        # NVTX: close
         st.path = prev
         own = d0 - st.detached
         st.detached = d0 if prev is not None else 0
@@ -426,7 +430,8 @@ def timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any)
 
 
 # timed_call1's code as it is here: collect/ranges.py swaps timed_call1's code for one that also
-# emits an NVTX range, and the probe must not put a range of its own on the user's timeline
+# emits an NVTX range (made from this one's source: the "# NVTX:" lines), and the probe must not
+# put a range of its own on the user's timeline
 _probe_call1 = types.FunctionType(timed_call1.__code__, timed_call1.__globals__, "_probe_call1")
 
 
@@ -454,6 +459,7 @@ def stage_call1(name: str, fn: Any, x: Any = _ONE, /, *a: Any, **k: Any) -> Any:
         _LAST[name] = (parent, path)
     d0 = st.detached
     st.path = path
+    # NVTX: open path rec
     start = clock()
     try:
         if a or k or x is _ONE:
@@ -461,6 +467,7 @@ def stage_call1(name: str, fn: Any, x: Any = _ONE, /, *a: Any, **k: Any) -> Any:
         return fn(x)
     finally:
         dur = clock() - start
+        # NVTX: close
         st.path = prev
         own = dur + d0 - st.detached
         if prev is None:
