@@ -16,7 +16,7 @@ reported; it also loads Kineto for torch.profiler):
                   window and its wall and CPU time are recorded apart
   torch.profiler  ``with torch.profiler.profile(activities=[CPU]): for batch in loader``
   every batch     (``--every-batch``) as ``pipeprof`` with ``Profiler(stage_every=1)``: the
-                  stages timed in every batch, not in one in 8 (docs/overhead.md)
+                  stages timed in every batch, not in one in 8 (docs/validation/overhead.md)
   unwrapped       (``--unwrapped``) ``with pipeprof.Profiler(): for batch in loader``: the
                   samplers and the profile's start and stop around the plain loader, nothing
                   of pipeprof's in the workers: the part of pipeprof's cost, and of what it does
@@ -68,7 +68,8 @@ torch.profiler is made to just after its ``with`` block ends, workers joined):
 The workers' system time is mostly minor page faults, and with glibc's default malloc their count
 swings from run to run with the heap's layout (the dynamic mmap and trim thresholds: a freed
 block at the top of the heap goes back to the kernel, the next sample faults it in again), by
-more than pipeprof's own cost. Fixed thresholds take that out (docs/overhead.md, "Page faults"):
+more than pipeprof's own cost. Fixed thresholds take that out (docs/validation/overhead.md, "Page
+faults"):
 
     MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=268435456 \
         python benchmarks/overhead.py --root /tmp/jpeg160 --rounds 12
@@ -464,7 +465,7 @@ def summarise(rounds: list[dict[str, Any]], variants: list[str]) -> dict[str, An
 # rounds pin the added CPU down (a median of ratios hides that). The workers' user and system
 # time apart: what pipeprof runs in a worker is user time; their system time is mostly page
 # faults, and a fresh worker's count of those moves with what it touches of its parent's heap
-# (a full garbage collection after fork touches all of it, docs/overhead.md).
+# (a full garbage collection after fork touches all of it, docs/validation/overhead.md).
 DIFFS = (
     ("cpu_s", "all processes"),
     ("main_process_s", "main process"),

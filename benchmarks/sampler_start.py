@@ -1,5 +1,5 @@
 """What the samplers cost a profile on the JPEG pipeline: their source kept between profiles, or
-made afresh for each (as before the source was kept; docs/overhead.md).
+made afresh for each (as before the source was kept; docs/validation/overhead.md).
 
 Usage: python benchmarks/sampler_start.py [--root /tmp/jpeg160] [--rounds 20]
 

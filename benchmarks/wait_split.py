@@ -1,4 +1,5 @@
-"""The wait, measured with and without pipeprof, and a prediction followed (docs/overhead.md,
+"""The wait, measured with and without pipeprof, and a prediction followed
+(docs/validation/overhead.md,
 docs/findings.md).
 
 Two loops, each a DataLoader and a GPU-like step (a sleep: the CPU is free while it runs):

@@ -162,7 +162,7 @@ class Profiler:
         stage_every: time a DataLoader's stages in one batch in that many (in a pass of 16
             batches or more; the others run unprofiled and the stage totals are scaled to every
             sample); 1 times every batch, its regions then costing 8 times as much
-            (docs/overhead.md).
+            (docs/validation/overhead.md).
     """
 
     def __init__(

@@ -327,7 +327,7 @@ def test_the_copy_to_the_device_is_transfer_never_wait():
 
 def test_the_profilers_own_setup_is_counted_as_its_cost():
     # making the Profiler (its session, step log and timer) is pipeprof's work too: counted with
-    # start() and stop() in control_s (docs/overhead.md), before any loop has run
+    # start() and stop() in control_s (docs/validation/overhead.md), before any loop has run
     prof = pipeprof.Profiler(sample_hz=0)
     made = prof.session.costs.get("control_ns", 0)
     assert made > 0

@@ -906,7 +906,8 @@ def test_regions_between_real_work_are_costed_with_what_they_displace():
 
 def test_a_short_run_is_costed_in_situ():
     # 4 batches: the median of their probes (MIN_PROBES = 3), not the warm calibration, which
-    # states about a third of what a region costs between real transforms (docs/overhead.md)
+    # states about a third of what a region costs between real transforms
+    # (docs/validation/overhead.md)
     chain = transforms.Compose([Evict(4), Evict(4)])
     loader = DataLoader(CostDataset(16, transform=chain), batch_size=4)
     o = pipeprof.profile(loader).to_dict()["overhead"]

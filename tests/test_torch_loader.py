@@ -526,7 +526,7 @@ def test_dataloader_subclasses_yield_what_they_yield_unprofiled():
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_workers_take_the_training_process_probe_base(ctx, monkeypatch):
-    # measuring it afresh cost each worker start about 1 ms (docs/overhead.md): a spawned
+    # measuring it afresh cost each worker start about 1 ms (docs/validation/overhead.md): a spawned
     # worker, which inherits nothing, holds the very value the training process measured
     from pipeprof.core import recorder
 

@@ -305,7 +305,8 @@ OWN_COST = 0.02  # pipeprof's own work above this share gets a finding
 
 def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
     """pipeprof's own work where it could change what it reports: timed regions that add more
-    than 2 % to the stage times, or samplers busier than 2 % of a core (docs/overhead.md)."""
+    than 2 % to the stage times, or samplers busier than 2 % of a core
+    (docs/validation/overhead.md)."""
     o = report.get("overhead") or {}
     in_stages, cores = o.get("in_stages_fraction") or 0.0, o.get("sampler_cores") or 0.0
     frac = o.get("estimated_fraction")

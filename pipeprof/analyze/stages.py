@@ -281,7 +281,8 @@ def _r1(x: float | None) -> float | None:
 
 
 def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """pipeprof's own cost (docs/overhead.md). The timed regions: ``events`` times the cost of
+    """pipeprof's own cost (docs/validation/overhead.md). The timed regions: ``events`` times the
+    cost of
     one region measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region cost ]
     in core/recorder.py) and what it displaces from the user's code around it (``displaced_ns``:
     the cold probe's excess over the warm one), plus the packing of their records, measured per

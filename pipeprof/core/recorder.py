@@ -292,7 +292,8 @@ class stage:
 
     As a decorator, ``@pipeprof.stage("decode")``, every call of the function is the stage: a
     call with one positional argument goes from C straight into the timed region, 0.50 µs all
-    in against a ``with`` block's 0.79 here (``benchmarks/region_cost.py``, docs/overhead.md).
+    in against a ``with`` block's 0.79 here (``benchmarks/region_cost.py``,
+    docs/validation/overhead.md).
     """
 
     __slots__ = ("d0", "name", "path", "prev", "sink", "st", "start")
@@ -399,7 +400,7 @@ class _Call:
 
 def timed_call1(path: str, fn: Any, x: Any = _ONE, /, *args: Any, **kwargs: Any) -> Any:
     """``fn(x)`` timed as the absolute stage ``path``: the hot path of every transform, ``load``
-    and ``collate`` (about 0.4 µs a region here, docs/overhead.md). ``Recorder.open`` and
+    and ``collate`` (about 0.4 µs a region here, docs/validation/overhead.md). ``Recorder.open`` and
     ``close(detach=True)``, inlined (NOTE [ Stage paths and self time ]). Any other call
     (``Timed``'s: ``transform(image=img)``) goes to ``timed_call``."""
     if args or kwargs or x is _ONE:
@@ -542,7 +543,8 @@ PROBE_CAP_NS = 50_000  # a probe that took longer was preempted: it says nothing
 def probe(x: Any) -> tuple[int, int]:
     """NOTE [ In-situ region cost ]
     ``measure_overhead`` times regions back to back, with warm caches: about 0.45 µs here. Between
-    a worker's transforms a region costs more (0.2-2.5 µs, docs/overhead.md), because the image
+    a worker's transforms a region costs more (0.2-2.5 µs, docs/validation/overhead.md), because
+    the image
     work in between evicts what it touches. So each batch, where its regions run (after its
     samples' last transform, before ``collate``), a worker times one empty region from outside:
     the ns it returns are the region's open, close and record, net of the outer clock read and
@@ -556,7 +558,8 @@ def probe(x: Any) -> tuple[int, int]:
     report counts the difference, what the cold caches cost the region, once more as displaced
     from the code around it (``overhead.displaced_ns``), for the regions that follow real work
     (``cold_share``, analyze/stages.py). With it the report states 0.6-1.1 of what a region costs
-    measured side by side (benchmarks/region_insitu.py, docs/overhead.md), where the cold probe
+    measured side by side (benchmarks/region_insitu.py, docs/validation/overhead.md), where the
+    cold probe
     alone stated 0.5-0.8; regions back to back, as the probe's two are, displace next to nothing.
 
     Returns ``(cold, warm)`` ns; ``(0, 0)`` when profiling is off."""

@@ -13,13 +13,15 @@ file is made (``to_dict``, ``analyze``), when a profile stops (``settle_counted`
 runs, on a short-lived background thread once ``SETTLE_EVENTS`` records are pending, a chunk at a
 time so the loop's thread never waits long for the GIL. Not at the end of each pass over a
 loader: a fold has a fixed cost (NumPy, per stage and process: about 0.8 ms an epoch on the JPEG
-pipeline of docs/overhead.md, for a few thousand records), which one fold at the end pays once.
+pipeline of docs/validation/overhead.md, for a few thousand records), which one fold at the end
+pays once.
 Their spans stay packed until something reads ``spans`` through ``settled()`` (a report, a file,
 a trace). The rest of a batch's bookkeeping (its wait into ``wait``, ``starved`` and
 ``handover``, its worker's busy time, pipeprof's costs) is queued too (``defer``) and run, in
 order, at the end of each pass over a loader, when the session settles, and by the loop's thread
 every ``DEFER_LIMIT`` batches: a pass's batches done in one loop cost about 5 µs each, where
-each alone, between two waits for a worker, cost three to four times that (docs/overhead.md).
+each alone, between two waits for a worker, cost three to four times that
+(docs/validation/overhead.md).
 The loop's thread's batches on the short path (collect/torch/loader.py) are queued a row of up
 to BATCH_ROWS at a time and added with NumPy (``defer_batch``): one tuple each on the way.
 Read ``stages`` and ``spans`` through ``settled()``, and the rest once a pass is over or the

@@ -216,7 +216,7 @@ def sampling_line(data: dict[str, Any]) -> str | None:
 
 
 def overhead_line(data: dict[str, Any]) -> str:
-    """pipeprof's own cost as the report states it (``overhead``; docs/overhead.md)."""
+    """pipeprof's own cost as the report states it (``overhead``; docs/validation/overhead.md)."""
     o = data.get("overhead") or {}
     of = "of the CPU the run used" if o.get("basis") == "cpu" else "of measured time"
     ab = o.get("unprofiled_batches") or {}

@@ -50,7 +50,8 @@ class Timed(functools.partial):  # type: ignore[type-arg]
     behaves as it does plain).
 
     A ``functools.partial`` of ``timed_call1``: the call goes from C straight into the timed
-    region, a Python frame fewer than a ``__call__`` of its own would take (docs/overhead.md).
+    region, a Python frame fewer than a ``__call__`` of its own would take
+    (docs/validation/overhead.md).
     ``func``, ``args`` and ``keywords``, partial's own names, read the user's object too."""
 
     def __new__(cls, fn: Callable[..., Any], path: str) -> Timed:

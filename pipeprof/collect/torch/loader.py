@@ -73,7 +73,8 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # batch); the others are fetched with the recorder off and the dataset copy's transforms set back
 # to the user's own, so they run none of pipeprof's frames and have no stage records. Timing a
 # sample of the batches is what keeps pipeprof near 1 % of the CPU of a pipeline whose samples
-# cost about a millisecond (docs/overhead.md); timing the first TIMED_FIRST in full is what holds
+# cost about a millisecond (docs/validation/overhead.md); timing the first TIMED_FIRST in full is
+# what holds
 # a short profile's stages to a 5 % error: 1 in 8 of a 20-batch profile is 2 or 3 batches, and a
 # stage's figure from those was seen 8.3 % off the truth. The report says how many batches were
 # timed (``meta["timed_batches"]``, analyze/analysis.py).
@@ -82,7 +83,7 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 #   stage time is kept apart for that (``meta["first_batches"]``: batches, samples, ns per track
 #   and path; ``_first_add``). Scaled as one sample, the first batches, a worker's cold one among
 #   them, would weigh as much as the 1 in ``stage_every`` (a cold batch weighing 8 times once put
-#   ``load/decode`` 36 % over on the JPEG pipeline, docs/overhead.md).
+#   ``load/decode`` 36 % over on the JPEG pipeline, docs/validation/overhead.md).
 # - The CPU per sample of the unprofiled batches against the profiled ones among them is what the
 #   timed regions and their wrappers cost (analyze/stages.py: ``overhead``). Outside that
 #   comparison: a pass's first batch, or a worker's (cold), and the profile's first TIMED_FIRST
@@ -267,7 +268,8 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
 
     A batch goes through ``__getitems__``: the DataLoader's fetcher calls it once per batch
     where it would call ``dataset[i]`` per sample, so the wrapper's own frame (0.5-0.8 µs a
-    sample between cheap samples, docs/overhead.md) is paid once a batch. The user's dataset
+    sample between cheap samples, docs/validation/overhead.md) is paid once a batch. The user's
+    dataset
     has none (else ``MapDatasetItems``): each sample is still its own ``dataset[i]``, as plain.
     """
 
