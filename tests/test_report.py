@@ -121,3 +121,38 @@ def test_the_summary_names_the_worker_count_as_people_say_it():
     assert "no workers (loading in the main process)" in str(alone)
     assert "1 worker (" in str(one) and "1 workers" not in str(one)
     assert "no workers" in alone._repr_html_() and "1 worker (" in one._repr_html_()
+
+
+def _schema_keys(row: str) -> tuple[set[str], set[str]]:
+    """The keys docs/schema.md lists in the first ``{...}`` of the table row for ``row``:
+    (always there, marked ``?``)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "schema.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{row}` |"))
+    listed = line.split("{", 1)[1].split("}", 1)[0]
+    keys = [k.strip() for k in listed.split(",")]
+    return {k for k in keys if not k.endswith("?")}, {k[:-1] for k in keys if k.endswith("?")}
+
+
+def test_the_schema_lists_the_typed_verdict_and_finding():
+    """docs/schema.md is checked against the report's types (analyze/finding.py): a key added
+    to ``Verdict`` or ``Finding`` and not documented, or documented and gone, fails here."""
+    from pipeprof.analyze.finding import Finding, Verdict
+
+    always, optional = _schema_keys("verdict")
+    assert always == set(Verdict.__required_keys__)
+    assert optional == set(Verdict.__optional_keys__)
+    always, optional = _schema_keys("findings")
+    assert always == set(Finding.__required_keys__) and not optional
+
+
+def test_the_verdicts_made_hold_only_typed_keys(report):
+    """Every verdict a profile makes has the typed keys only (mypy checks the builders; this
+    checks what reaches the report, through the loader's verdict here)."""
+    from pipeprof.analyze.finding import Finding, Verdict
+
+    verdict = report.to_dict()["verdict"]
+    assert set(Verdict.__required_keys__) <= verdict.keys() <= set(Verdict.__annotations__)
+    for f in report.to_dict()["findings"]:
+        assert f.keys() == set(Finding.__annotations__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeprof.analyze.finding import Finding, pipeline_facts
+from pipeprof.analyze.finding import Finding, Verdict, pipeline_facts
 from pipeprof.analyze.hdf5 import h5_section
 from pipeprof.analyze.loop import loop_section, timeline
 from pipeprof.analyze.rules import RULES
@@ -93,7 +93,7 @@ def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any
     return report_what_if(report, facts)
 
 
-def assess(report: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], list[dict[str, Any]]]:
+def assess(report: dict[str, Any]) -> tuple[Verdict, list[Finding], list[dict[str, Any]]]:
     """Verdict, findings (most severe first) and what-if estimates for a report."""
     facts = pipeline_facts(report)
     loop = report.get("loop")

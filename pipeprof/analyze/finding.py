@@ -7,9 +7,49 @@ numbers (docs/findings.md).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal, TypedDict
 
-Finding = dict[str, Any]
+Severity = Literal["critical", "warning", "info"]
+
+
+class Finding(TypedDict):
+    """One finding of the report's ``findings`` list (docs/schema.md)."""
+
+    id: str  # the rule's name: ``workers-needed``, ``dominant-stage``...
+    severity: Severity
+    stage: str | None  # the stage path it is about, if one
+    message: str  # what was found, with its figures
+    evidence: dict[str, Any]  # the figures it rests on, units in the key names
+    fix: str  # what to change, with what following it gains
+
+
+class _Verdict(TypedDict):
+    # input-bound, transfer-bound, comm-bound, overhead-bound, compute-bound; balanced (a loader
+    # alone, or nothing to judge)
+    kind: str
+    severity: str  # high, moderate, low; info
+    stage: str | None  # the limiting stage, the first of ``stages``
+    stages: list[str]  # the limiting stage and any within STAGE_MARGIN of it
+    headline: str
+
+
+class Verdict(_Verdict, total=False):
+    """The report's ``verdict`` (docs/schema.md): what limits the loop, or the loader; the keys
+    of ``_Verdict`` always, these where they apply."""
+
+    fraction: float  # the deciding share of step time
+    cause: str  # input-bound only: starved, hand-over or start-up
+    startup_fraction: float  # cause start-up: the epochs' start-ups' share of the loop
+    workers_busy: float  # where >= 0.8: the workers' busy share of each step
+    workers_cores: float  # where their CPU fills the cores: the share of the cores they keep busy
+    handover_overlapped: bool
+    borderline: bool  # a rerun's share could land past ``threshold``
+    too_short: bool  # borderline because the run was too short to tell
+    threshold: float | None
+    wait_fraction_interval: list[float] | None  # [lo, hi], 95 %
+    note: str  # a loader alone, or nothing measured: what to do for a verdict
+
+
 MAX_CORES = 4096
 # The limiting stage is named alone only when the next one costs at least this much less: two
 # stages closer than that trade places between identical runs (docs/findings.md).
@@ -17,7 +57,8 @@ STAGE_MARGIN = 0.10
 
 
 def finding(
-    fid: str, severity: str, stage: str | None, message: str, evidence: dict[str, Any], fix: str
+    fid: str, severity: Severity, stage: str | None, message: str, evidence: dict[str, Any],
+    fix: str,
 ) -> Finding:
     """One finding: ``severity`` is critical, warning or info; ``stage`` the path it is about."""
     return {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeprof.analyze.finding import Finding, finding
+from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.core.session import Session
 
 AMPLIFICATION = 4.0  # bytes decoded per byte returned above which a layout is called out
@@ -147,7 +147,7 @@ def rule_read_amplification(report: dict[str, Any], facts: dict[str, Any]) -> Fi
         "every_read_decodes": certain,
         "datasets_amplified": len(rows),
     }
-    sev = "warning" if certain else "info"
+    sev: Severity = "warning" if certain else "info"
     return finding("h5-read-amplification", sev, "load/read", message, evidence, "; ".join(fixes))
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from pipeprof.analyze.finding import Finding, finding
+from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor, measured_rate
 from pipeprof.analyze.scenarios import (
@@ -310,7 +310,7 @@ def rule_overhead(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
     o = report.get("overhead") or {}
     in_stages, cores = o.get("in_stages_fraction") or 0.0, o.get("sampler_cores") or 0.0
     frac = o.get("estimated_fraction")
-    severity = "warning"
+    severity: Severity = "warning"
     if in_stages >= OWN_COST:
         message = f"pipeprof's timed regions add about {in_stages:.1%} to the stage times"
         fix = "stages are very short: time fewer, coarser stages"

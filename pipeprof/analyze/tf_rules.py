@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeprof.analyze.finding import Finding, finding
+from pipeprof.analyze.finding import Finding, Severity, finding
 
 AUTOTUNE = -1
 READS = frozenset(
@@ -117,7 +117,7 @@ def rule_tf_bottleneck(report: dict[str, Any], facts: dict[str, Any]) -> Finding
     )
     fix = _fix_for(tf, stage, per_ms, cores, evidence)
     kind = (report.get("verdict") or {}).get("kind")
-    severity = "warning" if kind in ("input-bound", "balanced", None) else "info"
+    severity: Severity = "warning" if kind in ("input-bound", "balanced", None) else "info"
     return finding("tf-bottleneck", severity, stage, msg, evidence, fix)
 
 

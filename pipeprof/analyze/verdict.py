@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeprof.analyze.finding import Verdict
 from pipeprof.core.regions import region_class
 
 HIGH_WAIT = 0.20  # TensorFlow's profiler: "highly input-bound"
@@ -20,7 +21,7 @@ def loop_view(loop: dict[str, Any]) -> dict[str, Any]:
     return (loop.get("steady") or {}) if loop.get("view") == "steady" else loop
 
 
-def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> Verdict:
     """input-, transfer-, comm- or overhead-bound when that share of step time passes 5 % (high
     at 20 %) and is the largest non-compute share; compute-bound otherwise. ``borderline`` when
     the 95 % interval of the deciding share (``loop.spread``) holds a threshold."""
@@ -45,15 +46,15 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
             )
         else:
             headline += "; data was ready"
-        return {
+        verdict: Verdict = {
             "kind": "compute-bound",
             "severity": "low",
             "stage": None,
             "stages": [],
             "fraction": round(computing, 4),
             "headline": headline,
-            **_doubt_keys(doubt),
         }
+        return _add_doubt(verdict, doubt)
     kind = {"wait": "input-bound", "transfer": "transfer-bound", "comm": "comm-bound",
             "overhead": "overhead-bound"}[part]  # fmt: skip
     what = {
@@ -103,15 +104,15 @@ def loop_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any
                 f" (its {facts['n_workers']} workers kept {filled:.0%} of the "
                 f"{facts['cores']} cores busy: the cores, not the hand-over, limit)"
             )
-    out = {
+    out: Verdict = {
         "kind": kind,
         "severity": "high" if frac >= HIGH_WAIT else "moderate",
         "stage": stage,
         "stages": stages,
         "fraction": round(frac, 4),
         "headline": headline,
-        **_doubt_keys(doubt),
     }
+    _add_doubt(out, doubt)
     if part == "wait":
         out["cause"] = "hand-over" if handover else "starved"
         if saturated is not None or filled is not None:
@@ -171,15 +172,18 @@ def _doubt(
     }
 
 
-def _doubt_keys(doubt: dict[str, Any]) -> dict[str, Any]:
+def _add_doubt(verdict: Verdict, doubt: dict[str, Any]) -> Verdict:
+    """``verdict`` with how sure it is: ``borderline``, ``too_short``, ``threshold`` and
+    ``wait_fraction_interval``."""
     wait = doubt["wait_interval"]
     interval = doubt["interval"]
-    return {
-        "borderline": doubt["borderline"],
-        "too_short": bool(doubt["borderline"] and interval[1] - interval[0] >= TOO_WIDE),
-        "threshold": doubt["threshold"],
-        "wait_fraction_interval": None if wait is None else [round(wait[0], 4), round(wait[1], 4)],
-    }
+    verdict["borderline"] = doubt["borderline"]
+    verdict["too_short"] = bool(doubt["borderline"] and interval[1] - interval[0] >= TOO_WIDE)
+    verdict["threshold"] = doubt["threshold"]
+    verdict["wait_fraction_interval"] = (
+        None if wait is None else [round(wait[0], 4), round(wait[1], 4)]
+    )
+    return verdict
 
 
 def _range(lo: float, hi: float) -> str:
@@ -372,7 +376,7 @@ def restarting(report: dict[str, Any]) -> float | None:
     return start / wall
 
 
-def restart_verdict(report: dict[str, Any], share: float) -> dict[str, Any]:
+def restart_verdict(report: dict[str, Any], share: float) -> Verdict:
     """Input-bound by the workers' start every epoch (NOTE [ Start-up every epoch ])."""
     loop = report["loop"]
     frac = loop.get("wait_fraction") or share
@@ -397,7 +401,7 @@ def restart_verdict(report: dict[str, Any], share: float) -> dict[str, Any]:
     }
 
 
-def empty_verdict(report: dict[str, Any]) -> dict[str, Any]:
+def empty_verdict(report: dict[str, Any]) -> Verdict:
     """Nothing to judge: no batch reached the loop (a crash, Ctrl-C or an empty loader)."""
     what = "no step" if report.get("loop") else "no batch"
     why = " before the profile was interrupted" if report.get("interrupted") else ""
@@ -411,7 +415,7 @@ def empty_verdict(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def loader_verdict(report: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+def loader_verdict(report: dict[str, Any], facts: dict[str, Any]) -> Verdict:
     """A loader profiled alone has no compute to compare with: name what limits its rate."""
     path = facts["limiting"]
     stages = facts["limiting_group"]
