@@ -1,5 +1,5 @@
 """What ``pipeprof run`` costs an HF Trainer and a Lightning run, against what its report states
-(issue 38; docs/run.md "What it costs").
+(issue 38; docs/validation/run-cost.md).
 
 Each held-out script (benchmarks/heldout/) prints its own meter: samples a second over its
 training (HF's ``train_samples_per_second``; the Lightning script's training epochs, their

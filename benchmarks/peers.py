@@ -1,4 +1,4 @@
-"""pipeprof side by side with its peers: what each costs the same loop (issue 38; docs/run.md
+"""pipeprof side by side with its peers: what each costs the same loop (issue 38; docs/cost.md
 "What it costs").
 
 Each round runs every tool on a workload of benchmarks/peer_loops.py, each in a process of its

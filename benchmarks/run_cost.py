@@ -1,4 +1,5 @@
-"""What ``pipeprof run`` costs a script: at start-up and per training step (docs/run.md).
+"""What ``pipeprof run`` costs a script: at start-up and per training step
+(docs/validation/run-cost.md).
 
 Side by side, interleaved, ``--rounds`` rounds, medians reported:
 

@@ -1,5 +1,6 @@
 """A short run with workers under ``pipeprof run`` against plain (issue 38: at least 0.99 of
-plain's throughput, the loader's rebuild and the workers' start included; docs/run.md).
+plain's throughput, the loader's rebuild and the workers' start included;
+docs/validation/run-cost.md).
 
 The loop (written to a temporary folder and run as a script, plain and under ``pipeprof run``,
 alternating, ``--pairs`` pairs): 60 steps of a small MLP over a DataLoader with 2 workers, 16

@@ -1,5 +1,5 @@
 """What ``pipeprof run`` adds to each step, part by part, on a loop that costs almost nothing
-(docs/run.md): the smallest figures this noisy 2-core VM can resolve.
+(docs/validation/run-cost.md): the smallest figures this noisy 2-core VM can resolve.
 
 A DataLoader over a list of ints (batches of 8, ``num_workers=0``, the default sampling of the
 stages), in this process, under what ``pipeprof run`` installs (``Run``, no samplers):

@@ -1,4 +1,4 @@
-"""Where ``pipeprof run``'s cost lands in issue 38's tiny step (docs/run.md "What it costs").
+"""Where ``pipeprof run``'s cost lands in issue 38's tiny step (docs/validation/run-cost.md).
 
 The step of ``run_cost.step_us(0, ...)`` (``TensorDataset``, ``num_workers=0``, batch 8, a linear
 model, SGD), each part timed by the wall clock around it: ``next()``, the forward, the loss,

@@ -25,16 +25,16 @@ from pipeprof.core.stats import Stat
 from pipeprof.report import Report
 
 # NOTE [ CPU training shares the cores ] (analyze/scenarios.py) reads the process's CPU time
-# while the loop computes: taken on a step when CPU_GAP_NS of the clock have passed since the
-# last step that took it (so every step of 20 ms or more, about one in 45 of 0.45 ms), scaled to
-# every step (``Profiler.compute_cpu_ns``). On this project's VM a read of a CPU clock right
-# after a training step cost 8-53 µs (after a backward, after a matmul whose intra-op thread ran
-# on the other core), not the 1 µs it costs back to back: a read every step was most of what
-# the step split cost (docs/run.md). Spread by time, the steps read are a fair sample of the
-# run's; a pass's first 8 steps alone were not: one step of a CPU model beside a busy worker
-# used 0.9-1.5 cores, and 8 of them read the mean off by more than the rules' margin. The fast
-# paths (by hand and under ``pipeprof run``) make the step due a read its way
-# (``Profiler.cpu_read_at``): skipping them biased the sample to a pass's first steps.
+# while the loop computes: taken on a step when CPU_GAP_NS of the clock have passed since the last
+# step that took it (so every step of 20 ms or more, about one in 45 of 0.45 ms), scaled to every
+# step (``Profiler.compute_cpu_ns``). On this project's VM a read of a CPU clock right after a
+# training step cost 8-53 µs (after a backward, after a matmul whose intra-op thread ran on the
+# other core), not the 1 µs it costs back to back: a read every step was most of what the step split
+# cost (docs/validation/run-cost.md). Spread by time, the steps read are a fair sample of the run's;
+# a pass's first 8 steps alone were not: one step of a CPU model beside a busy worker used 0.9-1.5
+# cores, and 8 of them read the mean off by more than the rules' margin. The fast paths (by hand and
+# under ``pipeprof run``) make the step due a read its way (``Profiler.cpu_read_at``): skipping them
+# biased the sample to a pass's first steps.
 CPU_GAP_NS = 20_000_000
 
 

@@ -358,26 +358,27 @@ class Run:
     # batch and cleared when profiling stops; else (CUDA events, NVTX) the timer's way.
     #
     # NOTE [ What the wrappers cost ]
-    # Every step goes through the wrappers, timed or quiet: the outermost Module call and each
-    # one inside it (counted in the timed steps, ``_inner``), ``Tensor.backward``, the optimizer's
-    # two hooks. Their call-through is in neither arm of the timed steps' comparison (both arms
-    # pay it), so it is stated from a probe: the quiet Forward wrapper around a no-op against the
-    # no-op (``step_region_ns(quiet=True)``), for each of those calls in every step. Back to
-    # back, a probe runs warm; right after the user's torch code the same frames run colder: the
-    # timed steps' measured excess over their own probe, where the comparison is used, is that
-    # loop's factor (1 to IN_SITU_MOST), and the call-through is scaled by it
-    # (``overhead.step_regions``: ``calls_per_step``, ``call_through_ns``, ``in_situ_factor``).
-    # So are the short path's frames inside each fetch of the fast path (``short_frames_ns`` in
-    # collect/torch/loader.py; ``meta["fast_path"]``). On issue 38's tiny step this states about
-    # 0.7 of what the step measures (docs/run.md): what pipeprof's frames slow in the user's own
-    # torch code beside them is larger than this factor says.
+    # Every step goes through the wrappers, timed or quiet: the outermost Module call and each one
+    # inside it (counted in the timed steps, ``_inner``), ``Tensor.backward``, the optimizer's two
+    # hooks. Their call-through is in neither arm of the timed steps' comparison (both arms pay it),
+    # so it is stated from a probe: the quiet Forward wrapper around a no-op against the no-op
+    # (``step_region_ns(quiet=True)``), for each of those calls in every step. Back to back, a probe
+    # runs warm; right after the user's torch code the same frames run colder: the timed steps'
+    # measured excess over their own probe, where the comparison is used, is that loop's factor (1
+    # to IN_SITU_MOST), and the call-through is scaled by it (``overhead.step_regions``:
+    # ``calls_per_step``, ``call_through_ns``, ``in_situ_factor``). So are the short path's frames
+    # inside each fetch of the fast path (``short_frames_ns`` in collect/torch/loader.py;
+    # ``meta["fast_path"]``). On issue 38's tiny step this states about 0.7 of what the step
+    # measures (docs/validation/run-cost.md): what pipeprof's frames slow in the user's own torch
+    # code beside them is larger than this factor says.
     #
     # NOTE [ Regions in a sample of the steps ]
-    # On that short path a loader's first REGIONS_FIRST steps time their regions, then one step
-    # in REGIONS_EVERY: the other steps are quiet (``_quiet``, kept on their ``_Pass`` for a pass
-    # nested in them): the wrappers call straight through. In situ, right after the user's own
-    # torch code, the three regions cost a tiny CPU step about 14 µs, not the 2.5 µs they cost
-    # back to back (docs/run.md), and the user's code beside them slows too. Two things follow:
+    # On that short path a loader's first REGIONS_FIRST steps time their regions, then one step in
+    # REGIONS_EVERY: the other steps are quiet (``_quiet``, kept on their ``_Pass`` for a pass
+    # nested in them): the wrappers call straight through. In situ, right after the user's own torch
+    # code, the three regions cost a tiny CPU step about 14 µs, not the 2.5 µs they cost back to
+    # back (docs/validation/run-cost.md), and the user's code beside them slows too. Two things
+    # follow:
     # - the regions' figures are of the timed steps; their totals are scaled to every step
     #   (``meta["step_regions"]``, analyze/loop.py), as the loader's stages are;
     # - the report states what they cost from the steps themselves: the compute of the timed
@@ -583,7 +584,7 @@ class Run:
     # short path ] in collect/torch/loader.py). Through the pass they still went through three
     # generators (this Run's pass, the Profiler's steps and the loader's pass) and the step log's
     # bookkeeping, each step: issue 38's tiny step took 28-30 µs a step longer than plain by the
-    # median step, 19-24 with this path (docs/run.md).
+    # median step, 19-24 with this path (docs/validation/run-cost.md).
     # Where torch's own iterator asks the pass (NOTE [ The user's own iterator ]), the loader's
     # pass says at each batch it yields how many of the next ones take the short path
     # (``ShortPass.left``); ``_fast`` is the iterator's ``_next_data`` and fetches those itself

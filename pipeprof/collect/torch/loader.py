@@ -443,7 +443,7 @@ def _mark_cpu(payload: dict[str, Any]) -> None:
 # parent's collector counters. Its collections of the oldest generation (full ones) write to the
 # header of every tracked object of that heap: each copies the pages it touches, tens of
 # megabytes of a training process's modules and dataset, in every worker of every epoch whose
-# workers start afresh, wherever the counters line up (docs/run.md "Beside other tools": a loop
+# workers start afresh, wherever the counters line up (docs/cost.md "Beside other tools": a loop
 # of 160 px JPEGs ran 20 % faster when the parent had collected just before its workers forked).
 # Each worker times its full collections (a ``gc.callbacks`` hook, generation 2 only: the young
 # ones it ignores at a dict lookup each) with the page faults they took, and the next batch that
