@@ -130,7 +130,8 @@ def _schema_keys(row: str) -> tuple[set[str], set[str]]:
 
     text = (Path(__file__).parent.parent / "docs" / "schema.md").read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{row}` |"))
-    listed = line.split("{", 1)[1].split("}", 1)[0]
+    cell = line.split("`")[3]  # the row's first code span: the shape
+    listed = cell.rsplit("{", 1)[1].split("}", 1)[0]  # the innermost braces (``{path: {...}}``)
     keys = [k.strip() for k in listed.split(",")]
     return {k for k in keys if not k.endswith("?")}, {k[:-1] for k in keys if k.endswith("?")}
 
@@ -145,6 +146,23 @@ def test_the_schema_lists_the_typed_verdict_and_finding():
     assert optional == set(Verdict.__optional_keys__)
     always, optional = _schema_keys("findings")
     assert always == set(Finding.__required_keys__) and not optional
+
+
+def test_the_schema_lists_the_typed_stage_and_worker_rows(report):
+    """The ``stages`` and ``workers`` rows of docs/schema.md against ``StageRow`` and
+    ``WorkerRow`` (analyze/stages.py), and the rows a real profile writes against both."""
+    from pipeprof.analyze.stages import StageRow, WorkerRow
+
+    always, optional = _schema_keys("stages")
+    assert always == set(StageRow.__required_keys__)
+    assert optional == set(StageRow.__optional_keys__)
+    always, optional = _schema_keys("workers")
+    assert always == set(WorkerRow.__required_keys__) and not optional
+    d = report.to_dict()
+    for row in d["stages"].values():
+        assert set(StageRow.__required_keys__) <= row.keys() <= set(StageRow.__annotations__)
+    for row in d["workers"]:
+        assert row.keys() == set(WorkerRow.__annotations__)
 
 
 def test_the_verdicts_made_hold_only_typed_keys(report):

@@ -21,7 +21,7 @@ from pipeprof.analyze.stages import (
 )
 from pipeprof.analyze.verdict import empty_verdict, loader_verdict, loop_verdict
 from pipeprof.core.session import Session
-from pipeprof.core.stats import Stat, figures
+from pipeprof.core.stats import Figures, Stat, figures
 
 SCHEMA = "pipeprof/1"
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -145,6 +145,6 @@ def _not_now(f: Finding, kind: str = "compute-bound") -> Finding:
     }
 
 
-def _latency(wait: Stat) -> dict[str, Any]:
+def _latency(wait: Stat) -> Figures:
     """Time the consumer waited in next() per batch, after the first one."""
     return figures(wait)

@@ -75,7 +75,7 @@ def _regions(regions: dict[str, Stat], sampled: dict[str, Any] | None) -> dict[s
     """The regions' figures; ``pipeprof run``'s own, timed in a sample of the steps (NOTE
     [ Regions in a sample of the steps ] in attach/run.py), with their totals scaled to every step
     (``count`` and the per-call figures stay those of the calls timed)."""
-    out = {k: figures(v) for k, v in regions.items()}
+    out: dict[str, Any] = {k: figures(v) for k, v in regions.items()}
     steps, timed = (sampled or {}).get("steps") or 0, (sampled or {}).get("timed_steps") or 0
     if 0 < timed < steps:
         for k in STEP_REGIONS:

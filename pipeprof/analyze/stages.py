@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from pipeprof.core.session import Session
-from pipeprof.core.stats import Stat, figures
+from pipeprof.core.stats import Figures, Stat, figures
 
 
 def _ms(ns: float) -> float | None:
@@ -30,14 +30,45 @@ def merged_stages(session: Session) -> dict[str, Stat]:
     return out
 
 
-def stage_table(session: Session) -> dict[str, dict[str, Any]]:
+class _StageRow(Figures):
+    per_sample_ms: float
+    per_batch_ms: float
+    share: float | None  # of the top-level total; None below the top level
+    tracks: list[str]  # the processes that ran it: main, worker0...
+
+
+class StageRow(_StageRow, total=False):
+    """A row of the report's ``stages`` (docs/schema.md)."""
+
+    derived: bool  # a parent summed from its children, never timed itself
+    scaled: float  # each later timed call's weight (NOTE [ Unprofiled batches ])
+
+
+class WorkerRow(TypedDict):
+    """A row of the report's ``workers`` (docs/schema.md)."""
+
+    id: int | None  # None: the main process (num_workers=0)
+    track: str
+    pid: int | None
+    busy_s: float
+    cpu_s: float | None  # None: not measured
+    gc_full: int
+    gc_s: float
+    gc_faults: int
+    batches: int
+    samples: int
+    busy_fraction: float | None
+    samples_per_busy_s: float | None
+
+
+def stage_table(session: Session) -> dict[str, StageRow]:
     """``stages`` of the report: every recorded path plus derived parents, sorted as a tree.
 
     A parent that was never timed itself (``transform`` over its per-transform children,
     ``transfer`` over pin and h2d) gets the sum of its children's totals and no percentiles.
     """
     merged = merged_stages(session)
-    table = {path: figures(stat) for path, stat in merged.items()}
+    table: dict[str, Any] = {path: figures(stat) for path, stat in merged.items()}
     timed = {path: stat.total_ns / 1e9 for path, stat in merged.items()}  # as recorded
     # The batches fetched with the recorder off have no records in the loader's stages (NOTE
     # [ Unprofiled batches ] in collect/torch/loader.py): those stages' totals are scaled to
@@ -97,7 +128,7 @@ def stage_table(session: Session) -> dict[str, dict[str, Any]]:
         row["share"] = round(row["total_s"] / pipeline_s, 6) if "/" not in path else None
         row["tracks"] = sorted(t for t, st in session.stages.items() if path in st)
     # merged (and so table) lists the recorded paths in the order they first ran
-    return {path: table[path] for path in tree_order(table)}
+    return cast(dict[str, StageRow], {path: table[path] for path in tree_order(table)})
 
 
 def recorded_s(session: Session) -> float:
@@ -170,8 +201,8 @@ def tree_order(paths: Iterable[str]) -> list[str]:
     return sorted(paths, key=key)
 
 
-def worker_table(session: Session, wall_ns: int) -> list[dict[str, Any]]:
-    rows = []
+def worker_table(session: Session, wall_ns: int) -> list[WorkerRow]:
+    rows: list[WorkerRow] = []
     for track, w in sorted(session.workers.items(), key=lambda kv: _worker_key(kv[0])):
         rows.append(
             {
@@ -280,7 +311,7 @@ def _r1(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def overhead(session: Session, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def overhead(session: Session, stages: dict[str, StageRow]) -> dict[str, Any]:
     """pipeprof's own cost (docs/validation/overhead.md). The timed regions: ``events`` times the
     cost of
     one region measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region cost ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 _SUB_BITS = 5  # keep the top five bits of a value: 16 sub-buckets per power of two
 
@@ -178,7 +178,21 @@ def _ms(ns: float) -> float | None:
     return None if math.isnan(ns) else round(ns / 1e6, 6)
 
 
-def figures(stat: Stat) -> dict[str, Any]:
+class Figures(TypedDict):
+    """A Stat as report figures (``figures``): seconds in all, milliseconds a call."""
+
+    total_s: float
+    count: int
+    mean_ms: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    std_ms: float | None  # None below two calls
+
+
+def figures(stat: Stat) -> Figures:
     """A Stat as report figures: ``total_s`` in seconds, per-call figures in milliseconds
     (``mean_ms``, ``p50_ms``, ``p95_ms``, ``p99_ms``, ``min_ms``, ``max_ms``, ``std_ms``); None
     where there is nothing to show (no calls; ``std_ms`` below two calls)."""
