@@ -151,26 +151,43 @@ def test_mlflow_read_back_by_mlflows_client(report, tmp_path, monkeypatch):
     assert client.get_run(mine.info.run_id).data.params == params(data)
 
 
-def wandb_records(run_dir: Path):
+def wandb_records(run_dir: Path, wait_s: float = 60.0) -> list:
     """W&B's offline ``run-ID.wandb`` file: a LevelDB-style log (32 KiB blocks, 7-byte record
-    headers: crc, length, type) after a 7-byte ``:W&B`` header, holding ``Record`` protobufs."""
+    headers: crc, length, type) after a 7-byte ``:W&B`` header, holding ``Record`` protobufs.
+    W&B's own service process writes it, and may still be writing after ``finish()`` returns:
+    the file is read again until its ``exit`` record is in (a record cut off at the end is the
+    writer's, not yet complete)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = _wandb_file(run_dir)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no exit record in {run_dir} after {wait_s} s")
+        time.sleep(0.2)
+
+
+def _wandb_file(run_dir: Path) -> list:
     from wandb.proto import wandb_internal_pb2 as pb
 
     raw = next(run_dir.glob("run-*.wandb")).read_bytes()
     assert raw[:4] == b":W&B"
-    pos, chunk = 7, b""
+    records, pos, chunk = [], 7, b""
     while pos + 7 <= len(raw):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a header: padding
             pos += 32768 - pos % 32768
             continue
         _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        if pos + 7 + length > len(raw):  # still being written
+            break
         chunk += raw[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST
             record = pb.Record()
             record.ParseFromString(chunk)
-            yield record
+            records.append(record)
             chunk = b""
+    return records
 
 
 def wandb_run(root: Path, run_id: str) -> dict:
