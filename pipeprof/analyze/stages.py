@@ -313,19 +313,16 @@ def _r1(x: float | None) -> float | None:
 
 def overhead(session: Session, stages: dict[str, StageRow]) -> dict[str, Any]:
     """pipeprof's own cost (docs/validation/overhead.md). The timed regions: ``events`` times the
-    cost of
-    one region measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region cost ]
-    in core/recorder.py) and what it displaces from the user's code around it (``displaced_ns``:
-    the cold probe's excess over the warm one), plus the packing of their records, measured per
-    batch (``pack_s``);
-    where no batch was probed (tf.data, older files), ``events`` times the cost calibrated with
-    warm caches (``per_event_ns``: open, close, packing). With enough batches fetched
-    unprofiled, in the training process or in the workers, the regions' cost is measured
-    instead: the CPU per sample of the profiled batches over the unprofiled ones
-    (``unprofiled_batches``, see ``unprofiled_ab``).
-    Measured: the bookkeeping on the loop's thread inside ``next()`` (``main_s``; with ``pipeprof
-    run``'s fast path, its own: ``fast_ns``), between the
-    loop's steps (``loop_s``, by the clock) and in ``Profiler()``, ``start`` and ``stop``
+    cost of one region measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region
+    cost ] in core/recorder.py) and what it displaces from the user's code around it
+    (``displaced_ns``: the cold probe's excess over the warm one), plus the packing of their
+    records, measured per batch (``pack_s``); where no batch was probed (tf.data, older files),
+    ``events`` times the cost calibrated with warm caches (``per_event_ns``: open, close, packing).
+    With enough batches fetched unprofiled, in the training process or in the workers, the regions'
+    cost is measured instead: the CPU per sample of the profiled batches over the unprofiled ones
+    (``unprofiled_batches``, see ``unprofiled_ab``). Measured: the bookkeeping on the loop's thread
+    inside ``next()`` (``main_s``; with ``pipeprof run``'s fast path, its own: ``fast_ns``), between
+    the loop's steps (``loop_s``, by the clock) and in ``Profiler()``, ``start`` and ``stop``
     (``control_s``), folding the records (``settle_s``), the sampler threads (``sampler_s``) and
     building the profiled twin of a loader (``setup_s``) and the snapshots of a running loop
     (``snapshot_s``: wall time on the loop's thread; NOTE [ Snapshots ] in profiler.py).

@@ -543,14 +543,13 @@ PROBE_CAP_NS = 50_000  # a probe that took longer was preempted: it says nothing
 def probe(x: Any) -> tuple[int, int]:
     """NOTE [ In-situ region cost ]
     ``measure_overhead`` times regions back to back, with warm caches: about 0.45 µs here. Between
-    a worker's transforms a region costs more (0.2-2.5 µs, docs/validation/overhead.md), because
-    the image
-    work in between evicts what it touches. So each batch, where its regions run (after its
-    samples' last transform, before ``collate``), a worker times one empty region from outside:
-    the ns it returns are the region's open, close and record, net of the outer clock read and
-    the empty call (``probe_base``, measured hot once per process). Its record is dropped; the
-    report multiplies the median of these (``Session.probe``, ``overhead.in_situ_ns``) by the
-    regions counted.
+    a worker's transforms a region costs more (0.2-2.5 µs, docs/validation/overhead.md), because the
+    image work in between evicts what it touches. So each batch, where its regions run (after its
+    samples' last transform, before ``collate``), a worker times one empty region from outside: the
+    ns it returns are the region's open, close and record, net of the outer clock read and the empty
+    call (``probe_base``, measured hot once per process). Its record is dropped; the report
+    multiplies the median of these (``Session.probe``, ``overhead.in_situ_ns``) by the regions
+    counted.
 
     That is the region's own work. Its other cost lands in the user's code: the lines the region
     brought in evicted the user's, which the user's next instructions fetch again. No probe can
@@ -558,9 +557,9 @@ def probe(x: Any) -> tuple[int, int]:
     report counts the difference, what the cold caches cost the region, once more as displaced
     from the code around it (``overhead.displaced_ns``), for the regions that follow real work
     (``cold_share``, analyze/stages.py). With it the report states 0.6-1.1 of what a region costs
-    measured side by side (benchmarks/region_insitu.py, docs/validation/overhead.md), where the
-    cold probe
-    alone stated 0.5-0.8; regions back to back, as the probe's two are, displace next to nothing.
+    measured side by side (benchmarks/region_insitu.py, docs/validation/overhead.md), where the cold
+    probe alone stated 0.5-0.8; regions back to back, as the probe's two are, displace next to
+    nothing.
 
     Returns ``(cold, warm)`` ns; ``(0, 0)`` when profiling is off."""
     rec = _recorder

@@ -7,14 +7,13 @@ with the number of batches, plus bounded rings of raw spans and recent batches f
 
 NOTE [ Deferred aggregation ]
 A worker's records reach the main process with each batch, packed as bytes (``recorder.pack``):
-unpickling them inside the loop's ``next()`` is one copy, and ``merge`` only queues them. They
-are folded into ``stages`` and ``events`` in bulk, vectorised, by ``settle``: when a report or a
-file is made (``to_dict``, ``analyze``), when a profile stops (``settle_counted``), and, in long
-runs, on a short-lived background thread once ``SETTLE_EVENTS`` records are pending, a chunk at a
-time so the loop's thread never waits long for the GIL. Not at the end of each pass over a
-loader: a fold has a fixed cost (NumPy, per stage and process: about 0.8 ms an epoch on the JPEG
-pipeline of docs/validation/overhead.md, for a few thousand records), which one fold at the end
-pays once.
+unpickling them inside the loop's ``next()`` is one copy, and ``merge`` only queues them. They are
+folded into ``stages`` and ``events`` in bulk, vectorised, by ``settle``: when a report or a file is
+made (``to_dict``, ``analyze``), when a profile stops (``settle_counted``), and, in long runs, on a
+short-lived background thread once ``SETTLE_EVENTS`` records are pending, a chunk at a time so the
+loop's thread never waits long for the GIL. Not at the end of each pass over a loader: a fold has a
+fixed cost (NumPy, per stage and process: about 0.8 ms an epoch on the JPEG pipeline of
+docs/validation/overhead.md, for a few thousand records), which one fold at the end pays once.
 Their spans stay packed until something reads ``spans`` through ``settled()`` (a report, a file,
 a trace). The rest of a batch's bookkeeping (its wait into ``wait``, ``starved`` and
 ``handover``, its worker's busy time, pipeprof's costs) is queued too (``defer``) and run, in

@@ -74,10 +74,9 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # to the user's own, so they run none of pipeprof's frames and have no stage records. Timing a
 # sample of the batches is what keeps pipeprof near 1 % of the CPU of a pipeline whose samples
 # cost about a millisecond (docs/validation/overhead.md); timing the first TIMED_FIRST in full is
-# what holds
-# a short profile's stages to a 5 % error: 1 in 8 of a 20-batch profile is 2 or 3 batches, and a
-# stage's figure from those was seen 8.3 % off the truth. The report says how many batches were
-# timed (``meta["timed_batches"]``, analyze/analysis.py).
+# what holds a short profile's stages to a 5 % error: 1 in 8 of a 20-batch profile is 2 or 3
+# batches, and a stage's figure from those was seen 8.3 % off the truth. The report says how many
+# batches were timed (``meta["timed_batches"]``, analyze/analysis.py).
 # - The stages' totals are scaled to every sample (analyze/stages.py) in two strata: the first
 #   batches stand for themselves, the later timed ones for the later batches. The first batches'
 #   stage time is kept apart for that (``meta["first_batches"]``: batches, samples, ns per track
@@ -269,8 +268,8 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
     A batch goes through ``__getitems__``: the DataLoader's fetcher calls it once per batch
     where it would call ``dataset[i]`` per sample, so the wrapper's own frame (0.5-0.8 µs a
     sample between cheap samples, docs/validation/overhead.md) is paid once a batch. The user's
-    dataset
-    has none (else ``MapDatasetItems``): each sample is still its own ``dataset[i]``, as plain.
+    dataset has none (else ``MapDatasetItems``): each sample is still its own ``dataset[i]``, as
+    plain.
     """
 
     def __getitem__(self, index: Any) -> Any:
