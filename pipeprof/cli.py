@@ -7,7 +7,6 @@ import errno
 import json
 import math
 import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -477,26 +476,22 @@ def cmd_run(argv: list[str]) -> int:
     )  # fmt: skip
     run.on_stop = lambda: outputs.run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: outputs.job_outputs(run, opts)
-    ended = runner.execute(run, target, module, script_args)
-    clean = ended is None or (isinstance(ended, SystemExit) and ended.code in (None, 0))
-    # torch's SIGCHLD handler raises in whatever runs when a worker of a loader still alive
-    # (held by the ending's traceback) dies: with SIGTERM sent to the whole process group
-    # (scancel, kill -TERM -PGID), while the report was being written. The script is over
-    chld = outputs.children_quiet()
-    try:
-        if clean:
-            run.end_of_job(None)  # NOTE [ Job gather ] in attach/run.py: a job still up gathers
-        if not run.written:
-            interrupted = isinstance(ended, (KeyboardInterrupt, runner.Terminated))
-            if not clean and not interrupted and ended is not None:
-                run.notes.append(f"the script ended with {type(ended).__name__}: {ended}; the "
-                                 "report covers what ran until then")  # fmt: skip
-            outputs.run_outputs(run, opts, interrupted, gather=False)
-    except Exception as exc:  # the script's own ending comes first
-        error(f"the report could not be written ({type(exc).__name__}: {exc})")
-    finally:
-        if chld is not None:
-            signal.signal(signal.SIGCHLD, chld)
+
+    def ending(ended: BaseException | None) -> None:
+        clean = ended is None or (isinstance(ended, SystemExit) and ended.code in (None, 0))
+        try:
+            if clean:
+                run.end_of_job(None)  # NOTE [ Job gather ] in attach/run.py: a job up gathers
+            if not run.written:
+                interrupted = isinstance(ended, (KeyboardInterrupt, runner.Terminated))
+                if not clean and not interrupted and ended is not None:
+                    run.notes.append(f"the script ended with {type(ended).__name__}: {ended}; "
+                                     "the report covers what ran until then")  # fmt: skip
+                outputs.run_outputs(run, opts, interrupted, gather=False)
+        except Exception as exc:  # the script's own ending comes first
+            error(f"the report could not be written ({type(exc).__name__}: {exc})")
+
+    ended = runner.execute(run, target, module, script_args, then=ending)
     return runner.end_like(ended)
 
 

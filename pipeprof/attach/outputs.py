@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,14 +15,6 @@ from rich.console import Console
 
 from pipeprof.core.session import naming, write_atomic
 from pipeprof.report import Report
-
-
-def children_quiet() -> Any:
-    """SIGCHLD's handler, set to the default (ignored) for the report's writing; None where
-    there is none to set (not the main thread, no SIGCHLD)."""
-    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def shown_path(path: str, cwd: str) -> str:

@@ -56,7 +56,7 @@ import sysconfig
 import threading
 import weakref
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -1094,10 +1094,12 @@ def check_target(target: str, module: bool) -> None:
         raise ValueError(f"{target}: no such script; check the path")
 
 
-def execute(run: Run, target: str, module: bool, args: list[str]) -> BaseException | None:
+def execute(run: Run, target: str, module: bool, args: list[str],
+            then: Callable[[BaseException | None], None] | None = None) -> BaseException | None:
     """Run the script as Python would, under ``run``; returns how it ended (None: normally;
     else its SystemExit, KeyboardInterrupt, Terminated or exception, traceback trimmed to the
-    script's own frames)."""
+    script's own frames). ``then(ended)`` runs once the script is over and pipeprof's patches
+    are undone (the reports are written there), with SIGCHLD quiet (``_children_quiet``)."""
     argv, path0 = sys.argv[:], sys.path[0] if sys.path else None
     if module:
         sys.argv = [target, *args]
@@ -1123,13 +1125,34 @@ def execute(run: Run, target: str, module: bool, args: list[str]) -> BaseExcepti
             link.with_traceback(_script_frames(link.__traceback__))
             link = link.__cause__ or link.__context__
     finally:
-        run.uninstall()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        sys.argv = argv
-        if path0 is not None:
-            sys.path[0] = path0
+        chld = _children_quiet()
+        try:
+            run.uninstall()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            sys.argv = argv
+            if path0 is not None:
+                sys.path[0] = path0
+            if then is not None:
+                then(ended)
+        finally:
+            if chld is not None:
+                signal.signal(signal.SIGCHLD, chld)
     return ended
+
+
+def _children_quiet() -> Any:
+    """SIGCHLD's handler, set to the default (ignored) from the script's end until the reports
+    are written; None where there is none to set (not the main thread, no SIGCHLD).
+
+    Torch's SIGCHLD handler raises in whatever runs when a worker of a loader still alive dies
+    (the loader held by the ending's traceback): a worker's ``sys.exit`` (its siblings then
+    stop), or SIGTERM sent to the whole process group (scancel, ``kill -TERM -PGID``). It
+    raised in the undoing of the patches and in the report's writing, and no report was left
+    (1 run in 12 beside two busy loops). The script is over: nothing of it needs the signal."""
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def _run_file(target: str) -> None:
