@@ -14,7 +14,7 @@ import psutil
 import pytest
 from stage_sampling import counts
 
-from pipeprof.attach.run import REGIONS_EVERY, REGIONS_FIRST
+from pipeprof.attach.regions import REGIONS_EVERY, REGIONS_FIRST
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = str(SCRIPTS / "train.py")
@@ -303,7 +303,7 @@ def test_transform_modules_in_the_fetch_are_the_pipeline_not_forward(tmp_path):
 
 
 def test_the_step_regions_take_the_short_path_and_state_their_cost():
-    """NOTE [ Regions on a short path ] (attach/run.py): on the CPU clock, Forward, Backward and
+    """NOTE [ Regions on a short path ] (attach/regions.py): on the CPU clock, Forward, Backward and
     Optimizer go to the pass's StepLog directly, each timed as it runs, and the report states
     their cost (``overhead.step_regions_s``: their count times one region's cost)."""
     import torch
@@ -311,7 +311,8 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from pipeprof.attach.run import Run, step_region_ns
+    from pipeprof.attach.regions import step_region_ns
+    from pipeprof.attach.run import Run
 
     class Slow(nn.Module):
         def __init__(self) -> None:
@@ -330,7 +331,7 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
     short = []
     try:
         for x, y in DataLoader(data, batch_size=4):
-            short.append(run._log is not None)
+            short.append(run.step.log is not None)
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -367,7 +368,7 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
 
 
 def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_took(monkeypatch):
-    """NOTE [ Regions in a sample of the steps ] (attach/run.py): a region's clock made to cost
+    """NOTE [ Regions in a sample of the steps ] (attach/regions.py): a region's clock made to cost
     100 µs a read (6 reads a timed step), the timed steps' compute against the quiet ones'
     states it, where the probe, measured before, knows nothing of it; the totals are scaled to
     every step."""
@@ -375,8 +376,9 @@ def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_to
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from pipeprof.attach import run as runner
-    from pipeprof.attach.run import Run, step_region_ns
+    from pipeprof.attach import regions as runner
+    from pipeprof.attach.regions import step_region_ns
+    from pipeprof.attach.run import Run
 
     each = step_region_ns()  # measured once a process, with the real clock
     real = runner.clock

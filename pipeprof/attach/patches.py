@@ -7,16 +7,17 @@ nothing for it). A patch replaces public seams of the framework's classes and pu
 them back on the run's ``Patches``, which undoes them all in the reverse order when the script
 ends. One function per framework:
 
-1. torch: ``Run._patch_torch`` in attach/run.py (``DataLoader``, ``Tensor.backward``, the outermost
-   ``Module`` call, the optimizer's step), and ``patch_distributed`` here (DDP's communication);
+1. torch: ``patch_torch`` (``DataLoader``; with the step's regions of attach/regions.py,
+   ``Tensor.backward``, the outermost ``Module`` call, the optimizer's step), and
+   ``patch_distributed`` (DDP's communication);
 2. tf.data: ``patch_tf``, a pass of a dataset iterated in a Python loop;
 3. Keras: ``patch_keras``, pipeprof's Keras callback added to ``fit()``;
 4. Lightning and Hugging Face: ``patch_lightning`` and ``patch_hf``, pipeprof's callback of that
    framework added to ``Trainer.fit`` / ``Trainer.train`` (attach/lightning.py, attach/hf.py),
    which routes the trainer's loaders itself.
 
-A patch reads the run through its public names (``local``, ``profiled_pass``, ``remember_site``,
-``unique``, ``start_host_sampler``, ``comm_clock``...), as the torch patch does.
+A patch reads the run through the public names of the ``Run`` protocol below (``local``,
+``profiled_pass``, ``loaders``, ``samplers``, ``comm_clock``...).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import functools
 import os
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from pipeprof.core.recorder import clock
@@ -37,19 +38,15 @@ class Run(Protocol):
     pid: int  # the script's process: a process it forks is not profiled
     stopped: bool  # profiling is over: the patches call straight through
     sample_hz: float
+    regions: bool  # Forward / Backward / Optimizer timed in the steps
     notes: list[str]
-    seen: set[str]  # the regions seen
-    loaders: dict[int, Any]
-    sites: Any  # loader -> where the script made it
+    step: Any  # the step's regions (attach/regions.py): ``step.seen``, those seen
+    loaders: Any  # the run's table, and where each loader was made (attach/labels.py)
     patches: Patches
     local: Any  # ``local.inside`` > 0 while pipeprof itself iterates
+    samplers: Any  # the host's and NVML's (attach/run.py's RunSamplers)
 
     def profiled_pass(self, loader: Any) -> Any: ...
-    def remember_site(self, loader: Any, name: bool = True) -> None: ...
-    def unique(self, label: str) -> str: ...
-    def register(self, key: int, label: str, site: str, prof: Any, owner: Any,
-                 **fields: Any) -> Any: ...  # fmt: skip
-    def start_host_sampler(self) -> None: ...
     def comm_clock(self) -> Any: ...
     def comm_timer(self) -> Any: ...
     def end_of_job(self, why: str | None) -> None: ...
@@ -100,6 +97,93 @@ def callback_list(kind: str, trainer: Any) -> tuple[Any, Any]:
     return callbacks.append, remove
 
 
+def patch_torch(run: Run) -> None:
+    """``DataLoader``'s ``__init__`` (where each loader was made) and ``__iter__`` (each pass
+    profiled: NOTE [ Run ] in attach/run.py), its subclasses' own ``__iter__``, and the step's
+    regions (attach/regions.py)."""
+    from torch.utils.data import DataLoader
+
+    from pipeprof.collect.torch.loader import Collate
+
+    if run.sample_hz:  # the host sampler's modules load with torch's, not in the first
+        _load_samplers()  # pass's iter() (the loop's time): 5-25 ms
+
+    orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
+
+    def passes(orig: Any, subclass: bool = False) -> Any:
+        """``__iter__`` of DataLoader, or of a subclass that has its own, as a profiled
+        pass (NOTE [ Run ])."""
+
+        @functools.wraps(orig)
+        def __iter__(loader: Any) -> Any:
+            if (
+                run.stopped
+                or run.local.inside
+                or os.getpid() != run.pid  # a process the script forked
+                or isinstance(loader.collate_fn, Collate)  # a twin, iterated by a Profiler
+            ):
+                return orig(loader)
+            if subclass and weakable(loader) and loader not in run.loaders.sites:
+                run.loaders.remember_site(loader)  # its __init__ may not be DataLoader's
+            return run.profiled_pass(loader)
+
+        __iter__._pipeprof_passes = True  # type: ignore[attr-defined]
+        return __iter__
+
+    def own_iter(cls: type) -> None:
+        """A subclass with its own ``__iter__`` (torchdata's StatefulDataLoader, whose
+        ``__init__`` is not DataLoader's either): that one is patched too, once, as each
+        subclass is defined (or found at install); the loader is profiled as it is (its
+        wait per batch)."""
+        own = vars(cls).get("__iter__")
+        if own is None or getattr(own, "_pipeprof_passes", False):
+            return
+        run.patches.replace(cls, "__iter__", passes(own, subclass=True))
+
+    orig_subclass = DataLoader.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if orig_subclass is not None:
+            orig_subclass.__func__(cls, **kwargs)
+        else:
+            super(DataLoader, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+        own_iter(cls)
+
+    def subclasses(cls: type) -> Iterator[type]:
+        sub: type
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    for sub in list(subclasses(DataLoader)):
+        own_iter(sub)
+    subclassing: Any = classmethod(__init_subclass__)  # type: ignore[arg-type]
+    run.patches.replace(DataLoader, "__init_subclass__", subclassing)
+
+    @functools.wraps(orig_init)  # its signature too: pipeprof's twin reads it
+    def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(loader, *args, **kwargs)
+        if not isinstance(loader.collate_fn, Collate):  # not pipeprof's own twin
+            run.loaders.remember_site(loader)
+
+    __iter__ = passes(orig_iter)
+
+    run.patches.replace(DataLoader, "__init__", __init__)
+    run.patches.replace(DataLoader, "__iter__", __iter__)
+    if run.regions:
+        run.step.install(run, run.patches, run.local)
+
+
+def _load_samplers() -> None:
+    """The host sampler's modules, psutil among them (which it loads itself as it starts)."""
+    import pipeprof.collect.samplers  # noqa: F401
+
+    try:
+        import psutil  # noqa: F401
+    except ImportError:  # the sampler says so when it starts
+        pass
+
+
 def patch_tf(run: Run) -> None:
     """tf.data iterated in a Python loop: a profiled pass; Keras ``fit()``: its callback."""
     import tensorflow as tf
@@ -116,8 +200,8 @@ def patch_tf(run: Run) -> None:
             or not tf.executing_eagerly()  # inside a tf.function: TensorFlow's own loop
         ):
             return orig_iter(dataset)
-        if weakable(dataset) and dataset not in run.sites:
-            run.remember_site(dataset, name=False)
+        if weakable(dataset) and dataset not in run.loaders.sites:
+            run.loaders.remember_site(dataset, name=False)
         return run.profiled_pass(dataset)
 
     run.patches.replace(dataset_cls, "__iter__", __iter__)
@@ -163,10 +247,10 @@ def _keras_callback(run: Run, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     kwargs["callbacks"] = [*callbacks, callback]
     frame = sys._getframe(2)
     site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-    label = run.unique(f"fit@{site}")
+    label = run.loaders.unique(f"fit@{site}")
     callback.session.meta["run_loader"] = {"label": label, "site": site}
-    run.register(id(callback), label, site, None, callback, passes=1, callback=callback)
-    run.start_host_sampler()
+    run.loaders.register(id(callback), label, site, None, callback, passes=1, callback=callback)
+    run.samplers.start_host()
     return callback
 
 
@@ -246,14 +330,15 @@ def _framework_callback(run: Run, kind: str, trainer: Any, method: str) -> Any:
     callback = make(sample_hz=0)  # the run samples the host itself
     frame = sys._getframe(2)
     site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-    label = run.unique(f"Trainer.{method}@{site}")
+    label = run.loaders.unique(f"Trainer.{method}@{site}")
     loops = callback.loops
     loops.train.session.meta["run_loader"] = {"label": label, "site": site}
-    run.register(id(callback), label, site, loops.train, callback, passes=1, callback=callback)
-    val = run.unique(f"{label} validation")
+    run.loaders.register(id(callback), label, site, loops.train, callback, passes=1,
+                         callback=callback)  # fmt: skip
+    val = run.loaders.unique(f"{label} validation")
     loops.val.session.meta["run_loader"] = {"label": val, "site": site}
-    run.register(id(loops), val, site, loops.val, loops, nested_in={label})
-    run.start_host_sampler()
+    run.loaders.register(id(loops), val, site, loops.val, loops, nested_in={label})
+    run.samplers.start_host()
     return callback
 
 
@@ -277,7 +362,7 @@ def patch_distributed(run: Run) -> None:
             "bf16_compress_hook", "bf16_compress_wrapper_hook",  # DDP checks these names
         ):  # fmt: skip
             return orig_register(model, state, hook)
-        run.seen.add("Comm")
+        run.step.seen.add("Comm")
         return orig_register(model, state, timed_hook(hook, run.comm_clock))
 
     @functools.wraps(orig_forward)
@@ -286,7 +371,7 @@ def patch_distributed(run: Run) -> None:
             model._pipeprof_hooked = True
             try:
                 time_ddp(model, run.comm_clock)
-                run.seen.add("Comm")
+                run.step.seen.add("Comm")
             except RuntimeError as exc:  # a built-in hook is registered already
                 run.notes.append(f"DDP's all-reduce was not timed ({exc}); it counts as "
                                  "compute")  # fmt: skip
@@ -310,8 +395,9 @@ def patch_distributed(run: Run) -> None:
     patches.replace(dist, "destroy_process_group", destroy_process_group)
 
 
-# (the module whose import installs it, the patch); torch's is the run's own (Run._patch_torch)
+# (the module whose import installs it, the patch), in the order they are installed
 PATCHES: tuple[tuple[str, Callable[[Run], None]], ...] = (
+    ("torch", patch_torch),
     ("tensorflow", patch_tf),
     ("keras", patch_keras),
     ("lightning.pytorch.trainer.trainer", patch_lightning),

@@ -65,8 +65,9 @@ class StepLog:
         self._closed: list[tuple[int, int]] = []  # this step's closed regions: (start, ns)
         self._marks: tuple[int, int, int, dict[str, list[int]]] = (0, 0, 0, self._pending["first"])
         self.first = True  # the open step is a start-up step (not ``steady``)
-        # NOTE [ Regions in a sample of the steps ] in attach/run.py: whether the open step times
-        # its regions (None: in neither arm), and each arm's steps' compute: count, sum, squares
+        # NOTE [ Regions in a sample of the steps ] in attach/regions.py: whether the open step
+        # times its regions (None: in neither arm), and each arm's steps' compute: count, sum,
+        # squares
         self.region_arm: bool | None = None
         self.region_ab: tuple[list[int], list[int]] = ([0, 0, 0], [0, 0, 0])
         # NOTE [ The fast path ] in attach/run.py: steps whose batch came the short way, each
@@ -86,7 +87,7 @@ class StepLog:
         """``region`` for a compute key (``Forward``, ``Backward``, ``Optimizer``: what ``pipeprof
         run`` times in every step), on its short path: a compute region counts in no class, so
         the regions nested in it are only taken off the stack (NOTE [ Regions on a short path ]
-        in attach/run.py)."""
+        in attach/regions.py)."""
         self._pending_regions[key].append(duration_ns)
         self.session.spans.append(("main", _SPAN_KEYS[key], start_ns, duration_ns))
         closed = self._closed

@@ -17,8 +17,9 @@ COMPUTE_KEYS = frozenset({"Forward", "Backward", "Loss", "Optimizer", "Step", "C
 COMM_KEYS = frozenset({"Comm"})
 TRANSFER_KEYS = frozenset({"Transfer", "H2D", "IO", "transfer", "h2d"})
 CONTAINER_KEYS = frozenset({"Epoch", "Batch"})
-# What ``pipeprof run`` times in the steps with no code changes (attach/run.py): timed in a sample
-# of the steps, their totals scaled to every step (NOTE [ Regions in a sample of the steps ])
+# What ``pipeprof run`` times in the steps with no code changes (attach/regions.py): timed in a
+# sample of the steps, their totals scaled to every step (NOTE [ Regions in a sample of the
+# steps ])
 STEP_REGIONS = ("Forward", "Backward", "Optimizer")
 
 

@@ -1201,7 +1201,7 @@ def _place(seen: int, every: int) -> tuple[int, bool]:
 
 def short_frames_ns(calls: int = 2000) -> float:
     """Nanoseconds a short-path batch's frames inside its fetch cost (NOTE [ What the wrappers
-    cost ] in attach/run.py): torch's iterator reached through ``_raw_next``, the dataset read
+    cost ] in attach/regions.py): torch's iterator reached through ``_raw_next``, the dataset read
     through ``MapDataset`` and ``Collate`` with the recorder off, against the same calls made
     directly, on an 8-sample batch that costs nothing; the median of three runs, measured once
     a process (a few ms)."""
