@@ -26,19 +26,15 @@ closed at the framework's epoch end, so the last step of an epoch never absorbs 
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeprof.attach.passes import Inside
 from pipeprof.profiler import Profiler
 from pipeprof.report import Report
 
 Role = Literal["train", "val"]
-
-
-class _Local(threading.local):
-    inside = 0  # > 0 while pipeprof advances a loader itself (its twin, an opaque loader)
 
 
 class FrameworkLoops:
@@ -60,7 +56,7 @@ class FrameworkLoops:
         self.val_region = val_region
         self.train = Profiler(sample_hz=sample_hz, stream=stream)
         self.val = Profiler(sample_hz=0)
-        self._local = _Local()
+        self._local = Inside()  # attach/passes.py
         self._open: dict[Role, list[Iterator[Any]]] = {"train": [], "val": []}
         self._held: dict[Role, list[tuple[Iterator[Any], bool]]] = {"train": [], "val": []}
         self._active = 0  # training passes that have handed out a batch and not ended
@@ -104,11 +100,7 @@ class FrameworkLoops:
         local = self._local
         if role == "val" and self.train_step_open():
             self.open_region(self.val_region)
-        local.inside += 1
-        try:
-            steps = iter(prof.wrap(loader))
-        finally:
-            local.inside -= 1
+        steps = local.call(lambda: iter(prof.wrap(loader)))
         gen = self._batches(role, steps, loader)
         self._open[role].append(gen)
         return gen
@@ -124,13 +116,10 @@ class FrameworkLoops:
                 if left == 0:  # the pass is complete: its last step ends at the epoch's end
                     held = True
                     return
-                local.inside += 1
                 try:
-                    batch = next(steps)
+                    batch = local.next(steps)
                 except StopIteration:
                     return
-                finally:
-                    local.inside -= 1
                 if left is not None:
                     left -= 1
                 if role == "train" and not counted:
@@ -147,11 +136,7 @@ class FrameworkLoops:
                 self.val.release(loader)  # a loader per evaluation: its twin goes with the pass
 
     def _close(self, steps: Iterator[Any]) -> None:
-        self._local.inside += 1
-        try:
-            steps.close()  # type: ignore[attr-defined]
-        finally:
-            self._local.inside -= 1
+        self._local.close(steps)
 
     def close_passes(self, role: Role) -> None:
         """End the passes of ``role`` under way (the framework's epoch ended): a suspended pass

@@ -43,7 +43,7 @@ class Run(Protocol):
     step: Any  # the step's regions (attach/regions.py): ``step.seen``, those seen
     loaders: Any  # the run's table, and where each loader was made (attach/labels.py)
     patches: Patches
-    local: Any  # ``local.inside`` > 0 while pipeprof itself iterates
+    local: Any  # attach/passes.py's Inside: ``local.inside`` > 0 while pipeprof iterates
     samplers: Any  # the host's and NVML's (attach/run.py's RunSamplers)
 
     def profiled_pass(self, loader: Any) -> Any: ...
@@ -219,11 +219,9 @@ def patch_keras(run: Run) -> None:
         if run.stopped or run.local.inside or os.getpid() != run.pid:
             return orig_fit(model, *args, **kwargs)
         callback = _keras_callback(run, args, kwargs)
-        run.local.inside += 1  # fit's own iteration of the dataset is the callback's
-        try:
-            return orig_fit(model, *args, **kwargs)
+        try:  # fit's own iteration of the dataset is the callback's
+            return run.local.call(functools.partial(orig_fit, model, *args, **kwargs))
         finally:
-            run.local.inside -= 1
             if callback is not None:
                 callback.session.end_ns = callback.session.end_ns or clock()
 

@@ -59,6 +59,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from pipeprof.attach.labels import PIPEPROF_DIR, Loader, Loaders
+from pipeprof.attach.passes import Inside
 from pipeprof.attach.patches import PATCHES, Patches
 from pipeprof.attach.regions import REGIONS_EVERY, REGIONS_FIRST, StepRegions
 from pipeprof.collect.loop import StepLog
@@ -97,10 +98,6 @@ class _Pass:
     start_ns: int
     alive: bool = True
     quiet: bool = False  # its step under way times no regions (NOTE [ Regions in a sample ...])
-
-
-class _Local(threading.local):
-    inside = 0  # > 0 while pipeprof itself advances a loader (its twin's own iteration)
 
 
 # NOTE [ The fast path ]
@@ -210,7 +207,7 @@ class Run:
         self.profiled = 0  # batches profiled so far
         self.stopped = False  # profiling over (--batches reached, or the script ended)
         self.notes: list[str] = []
-        self.local = _Local()
+        self.local = Inside()  # attach/passes.py
         self.patches = Patches()  # NOTE [ Patches ] in attach/patches.py
         self.samplers = RunSamplers(sample_hz)
         self._user_profiler = False
@@ -310,12 +307,8 @@ class Run:
         can be (NOTE [ The user's own iterator ] in collect/torch/loader.py), else a generator."""
         self.samplers.start_host()  # from the first pass: the loop's host
         entry = self.loaders.entry(loader, self._profiler)
-        local = self.local
-        local.inside += 1
-        try:  # NOTE [ The user's own iterator ]
-            steps, it, short, source = entry.prof.begin_pass(loader)  # type: ignore[union-attr]
-        finally:
-            local.inside -= 1
+        prof: Any = entry.prof  # NOTE [ The user's own iterator ]
+        steps, it, short, source = self.local.call(prof.begin_pass, loader)
         cell: list[_Pass | None] = [None]  # the pass, once it begins
         passing = self._steps(entry, steps, cell)
         if it is None:
@@ -391,13 +384,10 @@ class Run:
                 c = self.current
                 if c is not None and c is not p and c.outer is p:
                     self._interleaved(c, p)
-                local.inside += 1
                 try:
-                    batch = next(steps)
+                    batch = local.next(steps)
                 except StopIteration:
                     return
-                finally:
-                    local.inside -= 1
                 if self.current is not p or regions.log is None:
                     self._set_current(p)
                 log = regions.log
@@ -423,11 +413,7 @@ class Run:
         finally:
             p.alive = False
             entry.open_passes -= 1
-            local.inside += 1
-            try:
-                steps.close()
-            finally:
-                local.inside -= 1
+            local.close(steps)
             outer = p.outer
             if self.current is p:
                 self._set_current(outer if outer is not None and outer.alive else None)
