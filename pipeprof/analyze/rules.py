@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from pipeprof.analyze.accounting import ACCOUNTING_RULES
 from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor, measured_rate
@@ -853,5 +854,6 @@ RULES: list[Rule] = [
     rule_pin_memory,
     *TF_RULES,  # tf.data's terms (tf_rules.py); None for torch reports
     *H5_RULES,  # h5py reads (hdf5.py); None without them
+    *ACCOUNTING_RULES,  # the workers' samples (accounting.py)
     rule_overhead,  # last: within a severity, pipeprof's own measurement after the pipeline's
 ]

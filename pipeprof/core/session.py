@@ -67,6 +67,7 @@ Mode = Literal["loader", "loop"]
 Framework = Literal["torch", "tf"]
 
 
+IDS_KEPT = 1024  # NOTE [ Sample fingerprints ] in core/batch.py: fingerprints kept a worker
 WORKER_KEYS = ("pid", "busy_ns", "batches", "samples", "cpu_ns", "gc_ns", "gc_full", "gc_faults")
 
 
@@ -84,9 +85,15 @@ class WorkerRecord:
     gc_ns: int = 0
     gc_full: int = 0
     gc_faults: int = 0
+    # its first samples' fingerprints, in order (NOTE [ Sample fingerprints ] in core/batch.py):
+    # an iterable dataset's, FINGERPRINT_PARTS a sample, IDS_KEPT at most
+    ids: list[int] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in WORKER_KEYS}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {k: getattr(self, k) for k in WORKER_KEYS}
+        if self.ids:
+            d["ids"] = list(self.ids)
+        return d
 
 
 def _parts() -> dict[str, Stat]:
@@ -824,7 +831,9 @@ def _stat(d: Any, where: str) -> Stat:
 
 def _worker(d: Any, where: str) -> WorkerRecord:
     _need(isinstance(d, dict), where, "an object", d)
-    return WorkerRecord(**{k: _get(d, k, where, _is_int, _INT, 0) for k in WORKER_KEYS})
+    ids = _get(d, "ids", where, lambda v: isinstance(v, list) and all(map(_is_int, v)),
+               "a list of integers", [])  # fmt: skip
+    return WorkerRecord(**{k: _get(d, k, where, _is_int, _INT, 0) for k in WORKER_KEYS}, ids=ids)
 
 
 def _rows(rows: list[Any], where: str, kinds: tuple[Any, ...], shape: str) -> list[list[Any]]:

@@ -51,7 +51,13 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import hdf5
 from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
-from pipeprof.core.batch import batch_nbytes, batch_size, sample_kinds, samples_to_collate
+from pipeprof.core.batch import (
+    batch_nbytes,
+    batch_size,
+    fingerprints,
+    sample_kinds,
+    samples_to_collate,
+)
 from pipeprof.core.recorder import (
     PROBE_CAP_NS,
     STAGE_EVERY,
@@ -62,7 +68,7 @@ from pipeprof.core.recorder import (
     set_probe_base,
     timed_call1,
 )
-from pipeprof.core.session import Session
+from pipeprof.core.session import IDS_KEPT, Session
 
 # Named like torch.profiler's own span so that traces line up.
 WAIT_SPAN = "enumerate(DataLoader)#{}.__next__"
@@ -121,6 +127,7 @@ AB_PAIRS_FIRST = 8  # analyze/stages.py's AB_MIN_OFF: the comparison is used fro
 AB_PAIRS_EVERY = 4
 SAMPLE_MIN_BATCHES = 16
 TIMED_FIRST = 16  # the profile's first batches, all timed (at least 16, or all of a shorter one)
+IDS_BATCHES = 16  # NOTE [ Sample fingerprints ] in core/batch.py: a worker's batches fingerprinted
 FIRST = "first"  # a worker's batch's arm: one of the profile's first, profiled, compared with none
 _AB_PARTS = ("batches", "samples", "ns", "q", "qq")
 _AB_KEYS: dict[str, tuple[str, ...]] = {}  # arm -> its keys in ``costs``, one per part
@@ -370,10 +377,15 @@ class Collate:
         # NOTE [ Unprofiled batches ]: the dataset copy's stand-ins and what they stand in for;
         # ``ab``, once set (``ProfiledLoader._arm_workers``), the workers' rule
         self.swaps = swaps if swaps is not None else []
+        # NOTE [ Sample fingerprints ] in core/batch.py: the batches of an iterable dataset left
+        # to fingerprint in this process (set as the fetcher is made: in each worker)
+        self.ids_left = 0
 
     def reader(self, dataset: Any) -> _Delegate:
         """What torch's fetcher reads ``dataset`` through (NOTE [ The user's own dataset ])."""
         if isinstance(dataset, IterableDataset):
+            if get_worker_info() is not None:  # workers' streams are compared, not the loop's
+                self.ids_left = IDS_BATCHES
             return IterDataset(dataset)
         items = callable(getattr(dataset, "__getitems__", None))
         wrapped = (MapDatasetItems if items else MapDataset)(dataset)
@@ -416,6 +428,9 @@ class Collate:
             payload["ab"], _ARM[0] = _ARM[0], None
         payload["probe_ns"] = probe_ns
         payload["probe_warm_ns"] = warm_ns
+        if self.ids_left:  # NOTE [ Sample fingerprints ] in core/batch.py
+            self.ids_left -= 1
+            payload["ids"] = fingerprints(samples, self.per_sample)
         if not self.described and not self.per_sample:  # once a process: the collate finding
             self.described = True
             first = samples[0] if isinstance(samples, (list, tuple)) and samples else samples
@@ -1090,6 +1105,11 @@ class ProfiledLoader:
             w.gc_faults += full[2]
         w.batches += 1
         w.samples += payload["samples"]
+        ids = payload.get("ids")  # NOTE [ Sample fingerprints ] in core/batch.py
+        if ids is not None and len(w.ids) < IDS_KEPT:
+            got = array("I")
+            got.frombytes(ids)
+            w.ids.extend(got[: IDS_KEPT - len(w.ids)])
         s.add_costs((("pack_ns", payload["cost_ns"]), ("worker_events", events)))
         if "sample_kinds" in payload:
             s.meta["sample_kinds"] = payload["sample_kinds"]
@@ -1330,6 +1350,7 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
     return {
         "loader": type(loader).__name__,
         "dataset": type(loader.dataset).__name__,
+        "iterable": isinstance(loader.dataset, IterableDataset),
         "num_workers": loader.num_workers,
         "batch_size": loader.batch_size,
         "pin_memory": bool(loader.pin_memory),

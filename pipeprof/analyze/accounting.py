@@ -1,0 +1,161 @@
+"""Every sample accounted for (docs/findings.md): which workers delivered the loader's samples,
+in what shares, and whether workers of an iterable dataset yielded the same samples.
+
+NOTE [ The same stream ]
+An ``IterableDataset`` that does not shard its ``__iter__`` by ``get_worker_info()`` is copied
+into each worker whole, and each worker yields all of it: the loop sees every sample once per
+worker, and pays for each copy. The workers then deliver the same sequence, in the same order.
+Each worker's first samples are fingerprinted (NOTE [ Sample fingerprints ] in core/batch.py),
+part by part; two workers yield the same stream where, for some part, at least SAME_MATCH of
+their first samples (MIN_COMPARED at least) match position by position, and where that part
+varies enough that two independent streams would match at a position at most MAX_COLLISION of
+the time (the chance that two draws of the part are equal: a constant part, or a label with two
+classes, proves nothing). A label alone then suffices: each worker may crop its copy of an image
+at random, but it yields it with the same label, at the same place.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, TypedDict
+
+from pipeprof.analyze.finding import Finding, finding
+from pipeprof.core.batch import FINGERPRINT_PARTS
+from pipeprof.core.session import Session
+
+MIN_COMPARED = 16  # NOTE [ The same stream ]
+SAME_MATCH = 0.9
+MAX_COLLISION = 0.5
+LOW_SHARE = 0.25  # a worker below this fraction of an even share delivered far too little
+MIN_BATCHES_A_WORKER = 2  # a worker's silence counts from this many batches a worker
+
+
+class Accounting(TypedDict):
+    """The report's ``accounting`` (docs/schema.md)."""
+
+    workers: int  # the loader's num_workers
+    delivered: dict[str, int]  # samples each worker delivered, by worker id
+    silent: list[int]  # workers that delivered no batch
+    low: list[int]  # workers far below an even share (LOW_SHARE)
+    same_stream: list[list[int]]  # workers that yielded the same samples, in the same order
+    compared: int  # samples compared a worker (0: no fingerprints, not an iterable dataset)
+
+
+def accounting(session: Session) -> Accounting | None:
+    """The loader's workers' shares and streams; None without workers (or a loader)."""
+    n = session.meta.get("num_workers")
+    if not isinstance(n, int) or n < 1:
+        return None
+    workers = {int(t[6:]): w for t, w in session.workers.items() if t.startswith("worker")}
+    batches = sum(w.batches for w in workers.values())
+    samples = sum(w.samples for w in workers.values())
+    judged = batches >= MIN_BATCHES_A_WORKER * n and not session.interrupted
+    even = samples / n if n else 0.0
+    silent = [i for i in range(n) if i not in workers or not workers[i].batches] if judged else []
+    low = sorted(i for i, w in workers.items()
+                 if judged and w.batches and w.samples < LOW_SHARE * even)  # fmt: skip
+    groups, compared = _same_streams({i: w.ids for i, w in workers.items()})
+    return {
+        "workers": n,
+        "delivered": {str(i): workers[i].samples for i in sorted(workers)},
+        "silent": silent,
+        "low": low,
+        "same_stream": groups,
+        "compared": compared,
+    }
+
+
+def _same_streams(ids: dict[int, list[int]]) -> tuple[list[list[int]], int]:
+    """Groups of workers whose first samples match (NOTE [ The same stream ]), and how many
+    samples a worker were compared."""
+    k = FINGERPRINT_PARTS
+    seqs = {i: v for i, v in ids.items() if len(v) >= MIN_COMPARED * k}
+    if len(seqs) < 2:
+        return [], 0
+    m = min(len(v) for v in seqs.values()) // k  # samples compared a worker
+    groups: list[list[int]] = []
+    for i in sorted(seqs):
+        for group in groups:
+            if _same(seqs[group[0]], seqs[i], m):
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return [g for g in groups if len(g) > 1], m
+
+
+def _same(a: list[int], b: list[int], m: int) -> bool:
+    k = FINGERPRINT_PARTS
+    for part in range(k):
+        x, y = a[part : m * k : k], b[part : m * k : k]
+        if not any(x):  # no such part
+            continue
+        counts = Counter(x)
+        collision = sum(c * c for c in counts.values()) / (m * m)
+        if collision > MAX_COLLISION:
+            continue
+        if sum(p == q for p, q in zip(x, y)) >= SAME_MATCH * m:
+            return True
+    return False
+
+
+def rule_same_stream(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ The same stream ]: workers that yielded the same samples."""
+    acc = report.get("accounting")
+    if not acc or not acc["same_stream"]:
+        return None
+    group = max(acc["same_stream"], key=len)
+    k, n = len(group), acc["workers"]
+    names = ", ".join(str(i) for i in group[:-1]) + f" and {group[-1]}"
+    return finding(
+        "same-samples-in-workers",
+        "critical",
+        None,
+        f"workers {names} of {n} yielded the same samples in the same order (the first "
+        f"{acc['compared']} of each matched): the IterableDataset runs whole in each worker, so "
+        f"the loop sees every sample {k} times, and the workers do {k}× the work for the same "
+        "data",
+        {"workers": group, "num_workers": n, "compared": acc["compared"]},
+        "shard the stream by worker in the dataset's __iter__: `info = "
+        "torch.utils.data.get_worker_info()`, then yield only the items (or open only the "
+        "files) where `i % info.num_workers == info.id`; under DDP shard by rank as well. An "
+        f"epoch is then the data once: {k}× fewer batches for the same samples "
+        "(docs/findings.md#same-samples-in-workers)",
+    )
+
+
+def rule_idle_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """Workers that delivered no batch, or far below an even share of the samples."""
+    acc = report.get("accounting")
+    if not acc or not (acc["silent"] or acc["low"]):
+        return None
+    n = acc["workers"]
+    total = sum(acc["delivered"].values()) or 1
+    if acc["silent"]:
+        ids = acc["silent"]
+        said = (f"worker {ids[0]}" if len(ids) == 1 else f"workers {', '.join(map(str, ids))}")
+        message = (f"{said} of {n} delivered no batch in {report['batches']} batches: "
+                   "its share of the data was empty")  # fmt: skip
+    else:
+        ids = acc["low"]
+        shares = ", ".join(f"worker {i}: {acc['delivered'][str(i)] / total:.0%}" for i in ids)
+        message = (f"{shares} of the samples, far below an even share ({1 / n:.0%}): the "
+                   "others did its work")  # fmt: skip
+    iterable = bool(report.get("meta", {}).get("iterable"))
+    fix = (
+        "an IterableDataset whose source has fewer shards than workers (a Hugging Face "
+        "IterableDataset with n_shards=1, fewer files than workers) leaves workers without "
+        "data, and uneven shards leave them short: set num_workers to at most the number of "
+        "shards, or split the source into more, even shards (Hugging Face: "
+        "`to_iterable_dataset(num_shards=...)`); an idle worker costs its memory and start-up "
+        "for nothing"
+        if iterable
+        else "the batches did not reach every worker: check a custom batch_sampler or "
+        "worker_init_fn; an idle worker costs its memory and start-up for nothing"
+    )
+    return finding("idle-workers", "warning", None, message,
+                   {"workers": ids, "num_workers": n, "delivered": acc["delivered"]},
+                   fix)  # fmt: skip
+
+
+ACCOUNTING_RULES = [rule_same_stream, rule_idle_workers]

@@ -1,0 +1,49 @@
+"""Iterable datasets whose sharding is known by construction (tests/test_accounting.py): importable,
+so that spawned workers can rebuild them."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+
+class Stream(IterableDataset):
+    """``n`` samples ``(tensor, label)``; ``shard``: split by worker (the correct way), else every
+    worker yields all of them. ``noise``: each worker adds its own random noise to the tensor (a
+    random crop of the same image), the label unchanged. ``text``: dicts of a string and a label.
+    ``value``: every tensor the same and the label ``i % 2`` (content that cannot tell samples
+    apart)."""
+
+    def __init__(self, n: int, shard: bool, noise: bool = False, text: bool = False,
+                 value: bool = False) -> None:  # fmt: skip
+        self.n, self.shard, self.noise, self.text, self.value = n, shard, noise, text, value
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        for i in range(self.n):
+            if self.shard and info is not None and i % info.num_workers != info.id:
+                continue
+            if self.text:
+                yield {"text": f"sample number {i}", "label": i % 5}
+                continue
+            x = torch.zeros(4) if self.value else torch.full((4,), float(i))
+            if self.noise:
+                x = x + torch.rand(4)
+            yield x, (i % 2 if self.value else i % 10)
+
+
+class Shards(IterableDataset):
+    """A source of shards (lists of sample numbers), each read by one worker: shard ``s`` goes to
+    worker ``s % num_workers``, as a streaming library hands them out."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        start = 0
+        for s, size in enumerate(self.sizes):
+            if info is None or s % info.num_workers == info.id:
+                for i in range(start, start + size):
+                    yield torch.full((4,), float(i)), i % 10
+            start += size
