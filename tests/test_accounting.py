@@ -113,3 +113,27 @@ def test_a_saved_session_keeps_the_fingerprints(tmp_path):
     prof.report().save(tmp_path / "r.json")
     again = Report.load(tmp_path / "r.json").to_dict()
     assert again["accounting"]["same_stream"] == [[0, 1]]
+
+
+def test_the_reports_show_each_workers_share():
+    """The HTML chart of each worker's samples (a silent worker's bar empty, and in red), and the
+    text's processes table with each worker's samples and share."""
+    loader = DataLoader(Shards([256]), batch_size=8, num_workers=2)
+    prof = pipeprof.Profiler(sample_hz=0)
+    for _ in prof.wrap(loader):
+        pass
+    report = prof.report()
+    html = report.render("html")
+    chart = html[html.index('<svg class="chart shares"'):]
+    chart = chart[: chart.index("</svg>")]
+    assert "worker0: 256 samples, 100.0%" in chart and "worker1: 0 samples, 0.0%" in chart
+    assert chart.count('fill="#e03131"') == 1  # the silent worker
+    text = report.render("text")
+    assert "256" in text.split("processes")[1].split("findings")[0]
+    loader = DataLoader(Stream(128, shard=False), batch_size=8, num_workers=2)
+    prof = pipeprof.Profiler(sample_hz=0)
+    for _ in prof.wrap(loader):
+        pass
+    text = prof.report().render("text")
+    assert "128 (50%)" in text.split("processes")[1].split("findings")[0]
+    assert "the same samples as worker 1" in prof.report().render("html")

@@ -44,6 +44,7 @@ LOOP_CHARTS = {
     "utilisation",
     "stage-icicle",
     "workers",
+    "shares",
 }
 
 
@@ -198,7 +199,7 @@ def test_saved_loader_report_in_chromium(browser, tmp_path):
     report = golden_report(LOADER)
     path = report.write_html(tmp_path / "written.html")
     charts = check_page(browser, path.read_text(encoding="utf-8"), "loader", tmp_path)
-    assert set(charts) == {"step-timeline", "stage-icicle", "workers"}
+    assert set(charts) == {"step-timeline", "stage-icicle", "workers", "shares"}
     icicle = browser.evaluate("document.querySelectorAll('svg.stage-icicle [data-stage]').length")
     assert icicle == len(report["stages"])
 

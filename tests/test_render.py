@@ -177,12 +177,16 @@ def expected_text(d: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         share = pct(r["total_s"] / top)
         cells = [r["per_sample_ms"], r["per_batch_ms"]]
         rows.append([path.rsplit("/", 1)[-1], *map(num, cells), share, num(r["p95_ms"])])
+    total = sum(w["samples"] for w in d["workers"])
     for w in d["workers"]:
+        share = [f"({w['samples'] / total:.0%})"] if len(d["workers"]) > 1 else []
         rows.append(
             [
                 w["track"],
                 str(w["pid"]),
                 str(w["batches"]),
+                f"{w['samples']:,}",
+                *share,
                 num(w["busy_s"]),
                 num(w["samples_per_busy_s"]),
                 pct(w["busy_fraction"]),

@@ -263,3 +263,31 @@ def worker_bars(workers: list[dict[str, Any]]) -> str:
         )
         y += 22
     return svg_chart("workers", y + 4, "busy share of each worker process", inner)
+
+
+def sample_shares(acc: dict[str, Any] | None) -> str:
+    """Each worker's share of the samples delivered (the report's ``accounting``): a worker
+    that delivered none, or far too few, in red; workers that yielded the same stream said."""
+    if not acc or not acc.get("workers"):
+        return ""
+    delivered = acc.get("delivered") or {}
+    total = sum(delivered.values()) or 1
+    flagged = set(acc.get("silent") or []) | set(acc.get("low") or [])
+    same = {i: g for g in acc.get("same_stream") or [] for i in g}
+    inner, y = [], 4
+    for i in range(acc["workers"]):
+        n = delivered.get(str(i), 0)
+        frac = n / total
+        colour = "#e03131" if i in flagged else ("#f08c00" if i in same else "#1c7ed6")
+        inner.append(svg_text(0, y + 13, f"worker{i}", 12))
+        inner.append(f'<rect x="110" y="{y}" width="360" height="16" fill="#f1f3f5"/>')
+        title = f"worker{i}: {n:,} samples, {pct(frac, 1)}"
+        inner.append(svg_rect(110, y, 360 * frac, 16, colour, title, "bar share"))
+        said = f"{n:,} samples · {pct(frac)}"
+        if i in same:
+            others = [str(j) for j in same[i] if j != i]
+            said += f" · the same samples as worker{'s' * (len(others) > 1)} {', '.join(others)}"
+
+        inner.append(svg_text(478, y + 13, said))
+        y += 22
+    return svg_chart("shares", y + 4, "samples delivered by each worker", inner)

@@ -247,7 +247,8 @@ def body(data: dict[str, Any]) -> str:
     if data.get("workers"):
         ratio = balance(data)
         note = f'<p class="dim">busiest worker {ratio:.2f}× the mean</p>' if ratio else ""
-        parts.append(f"<h2>Workers</h2>{charts.worker_bars(data['workers'])}{note}")
+        shares = charts.sample_shares(data.get("accounting"))
+        parts.append(f"<h2>Workers</h2>{charts.worker_bars(data['workers'])}{note}{shares}")
     parts.append(f"<h2>Findings</h2>{finding_blocks(data)}{what_if_table(data)}")
     notes = " ".join(escape(str(n)) for n in data.get("notes") or [])
     parts.append(f'<p class="dim overhead">{escape(overhead_line(data))}. {notes}</p>')

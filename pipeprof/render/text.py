@@ -240,13 +240,16 @@ def workertable(data: dict[str, Any]) -> RenderableType | None:
     ratio = balance(data)
     title = "processes" + (f" (busiest worker {ratio:.2f}× the mean)" if ratio else "")
     t = table(title)
-    for col in ("process", "pid", "batches", "busy s", "samples/s", "busy", ""):
+    for col in ("process", "pid", "batches", "samples", "busy s", "samples/s", "busy", ""):
         t.add_column(col, justify="left" if col == "process" else "right", no_wrap=True)
+    total = sum(w.get("samples") or 0 for w in rows) or 1
     for w in rows:
+        samples = w.get("samples") or 0
         t.add_row(
             str(w.get("track")),
             str(w.get("pid")),
             str(w.get("batches")),
+            f"{samples:,} ({samples / total:.0%})" if len(rows) > 1 else f"{samples:,}",
             num(w.get("busy_s")),
             num(w.get("samples_per_busy_s")),
             pct(w.get("busy_fraction")),
