@@ -27,6 +27,7 @@ benchmarks/nvtx_cost.py exercise the emitting path on a machine without a GPU.
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import inspect
@@ -276,7 +277,10 @@ def _ranged(fn: Any) -> Any:
         else:
             added = _POP_HERE if opened else _POP
         _insert(tree, number, ast.parse(added).body)
-    code = compile(tree, fn.__code__.co_filename, "exec", dont_inherit=True)
+    # compiled as its module was: with postponed annotations where it has them, so an annotation
+    # that names what exists only for type checkers does not break the variant alone
+    flags = fn.__code__.co_flags & __future__.annotations.compiler_flag
+    code = compile(tree, fn.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
     made: dict[str, Any] = {}
     exec(code, fn.__globals__, made)
     return made[fn.__name__]
