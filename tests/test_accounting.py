@@ -96,13 +96,20 @@ def test_a_worker_with_no_shard_and_one_with_a_sliver_are_found():
     assert uneven["accounting"]["low"] == [] and "idle-workers" not in ids(uneven)
 
 
-def test_map_style_loaders_and_no_workers_are_accounted_without_findings():
+def test_map_style_loaders_and_no_workers_are_accounted_without_findings(monkeypatch):
+    """And a distributed rank sketches the indices its first pass read (NOTE [ Index
+    sketches ]); a process that is no rank does not."""
     data = torch.arange(64.0)
+    assert profiled(data, 0)["accounting"]["sketch"] == []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     report = profiled(data, 2)
     acc = report["accounting"]
     assert acc["delivered"] == {"0": 32, "1": 32} and acc["compared"] == 0
     assert not {"same-samples-in-workers", "idle-workers"} & set(ids(report))
-    assert profiled(data, 0)["accounting"] is None
+    alone = profiled(data, 0)["accounting"]
+    assert alone["workers"] == 0 and alone["delivered"] == {} and alone["same_stream"] == []
+    assert len(alone["sketch"]) == 64  # every index, fewer than the sketch keeps
 
 
 def test_a_saved_session_keeps_the_fingerprints(tmp_path):

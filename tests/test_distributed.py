@@ -122,6 +122,30 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_ranks_without_a_distributed_sampler_are_named(tmp_path, workers):
+    """Issue 40: two ranks that each read the whole dataset (no DistributedSampler; shuffled,
+    so each in its own order) are named in the job report, from their indices' sketches (NOTE [
+    Index sketches ] in core/batch.py); the same job with a DistributedSampler is not."""
+    common = (DDP_TRAIN, "--samples", "400", "--batch", "8", "--slow-ms", "0", "--step-ms", "0",
+              "--shuffle", "--workers", str(workers))  # fmt: skip
+    for sampled, port in ((False, 29741 + 2 * workers), (True, 29742 + 2 * workers)):
+        out = tmp_path / ("split" if sampled else "whole")
+        out.mkdir()
+        ran = torchrun(out, port, "-m", "pipeprof", "run", "-q", "-o", "run.json", *common,
+                       *(() if sampled else ("--no-sampler",)))  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        job = load(out / "run.job.json")
+        if sampled:
+            assert job["same_samples"] == []
+            assert "same samples" not in job["headline"]
+        else:
+            assert job["same_samples"][0]["ranks"] == [0, 1]
+            assert job["same_samples"][0]["overlap"] >= 0.8
+            assert "ranks 0 and 1 read the same samples" in job["headline"]
+            assert "DistributedSampler" in job["headline"]
+
+
 def test_a_crashing_rank_leaves_every_rank_s_file_and_merge_names_what_is_there(tmp_path):
     """Rank 1 raises after 5 steps: torchrun stops rank 0 (SIGTERM). No job report is gathered
     (rank 1 never comes), but both ranks wrote their files on the way out, and they merge."""

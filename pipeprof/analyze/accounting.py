@@ -1,5 +1,6 @@
 """Every sample accounted for (docs/findings.md): which workers delivered the loader's samples,
-in what shares, and whether workers of an iterable dataset yielded the same samples.
+in what shares, whether workers of an iterable dataset yielded the same samples, and which
+indices the first pass read (a sketch, compared across ranks in the job report).
 
 NOTE [ The same stream ]
 An ``IterableDataset`` that does not shard its ``__iter__`` by ``get_worker_info()`` is copied
@@ -20,7 +21,7 @@ from collections import Counter
 from typing import Any, TypedDict
 
 from pipeprof.analyze.finding import Finding, finding
-from pipeprof.core.batch import FINGERPRINT_PARTS
+from pipeprof.core.batch import FINGERPRINT_PARTS, merged
 from pipeprof.core.session import Session
 
 MIN_COMPARED = 16  # NOTE [ The same stream ]
@@ -39,12 +40,14 @@ class Accounting(TypedDict):
     low: list[int]  # workers far below an even share (LOW_SHARE)
     same_stream: list[list[int]]  # workers that yielded the same samples, in the same order
     compared: int  # samples compared a worker (0: no fingerprints, not an iterable dataset)
+    sketch: list[int]  # the first pass's indices, sketched (NOTE [ Index sketches ])
 
 
 def accounting(session: Session) -> Accounting | None:
-    """The loader's workers' shares and streams; None without workers (or a loader)."""
+    """The loader's workers' shares and streams, and its indices sketched; None for what is
+    not a DataLoader."""
     n = session.meta.get("num_workers")
-    if not isinstance(n, int) or n < 1:
+    if not isinstance(n, int) or n < 0:
         return None
     workers = {int(t[6:]): w for t, w in session.workers.items() if t.startswith("worker")}
     batches = sum(w.batches for w in workers.values())
@@ -62,6 +65,7 @@ def accounting(session: Session) -> Accounting | None:
         "low": low,
         "same_stream": groups,
         "compared": compared,
+        "sketch": merged([w.sketch for w in session.workers.values() if w.sketch]),
     }
 
 

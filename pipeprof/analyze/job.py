@@ -29,6 +29,8 @@ import itertools
 import statistics
 from typing import Any
 
+from pipeprof.core.batch import overlap
+
 JOB_SCHEMA = "pipeprof-job/1"
 STRAGGLER_MARGIN = 0.05  # TensorFlow's "moderately input-bound" share of step time
 PARTS = ("wait", "transfer", "compute", "comm", "overhead")
@@ -111,6 +113,7 @@ def job_dict(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     out["efficiency"] = efficiencies(rows, out["runtime_s"])
     out["stragglers"] = stragglers(rows)
     out["what_if"] = kept_up(rows, out["samples_per_s"])
+    out["same_samples"] = same_samples(ranks)
     out["notes"] = _notes(out)
     out["headline"] = _headline(out)
     return out
@@ -209,6 +212,39 @@ def kept_up(rows: list[dict[str, Any]], now: float) -> dict[str, Any]:
     }
 
 
+SAME_RANKS = 0.5  # two ranks with this share of their first pass's samples in common
+
+
+def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Pairs of ranks whose first passes read the same samples (NOTE [ Index sketches ] in
+    core/batch.py): ``{ranks, overlap}``, the largest overlap first."""
+    sketches = []
+    for _, rep in ranks:
+        sketch = (rep.get("accounting") or {}).get("sketch")
+        if sketch:
+            sketches.append((rep["meta"]["rank"]["rank"], sketch))
+    pairs = []
+    for (a, sa), (b, sb) in itertools.combinations(sorted(sketches), 2):
+        share = overlap(sa, sb)
+        if share is not None and share >= SAME_RANKS:
+            pairs.append({"ranks": [a, b], "overlap": round(share, 3)})
+    return sorted(pairs, key=lambda p: -p["overlap"])
+
+
+def _same_message(job: dict[str, Any]) -> str:
+    pairs = job["same_samples"]
+    ranks = sorted({r for p in pairs for r in p["ranks"]})
+    top = pairs[0]["overlap"]
+    names = ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+    return (
+        f"ranks {names} read the same samples (an estimated {top:.0%} of their first pass in "
+        f"common): each trains on the whole dataset, so the job does {len(ranks)}× the work "
+        "for one epoch's data. Give each rank its share: DataLoader(dataset, "
+        "sampler=DistributedSampler(dataset)) and sampler.set_epoch(epoch) at each epoch's "
+        "start (docs/findings.md#same-samples-in-ranks)"
+    )
+
+
 def _notes(job: dict[str, Any]) -> list[str]:
     notes = []
     if job["missing_ranks"]:
@@ -236,6 +272,8 @@ def _headline(job: dict[str, Any]) -> str:
     head = f"{len(job['ranks'])} of {job['world_size']} ranks"
     if pe is not None:
         head += f", parallel efficiency {pe:.0%}"
+    if job.get("same_samples"):
+        return f"{head}: {_same_message(job)}"
     if job["stragglers"]:
         return f"{head}: {job['stragglers'][0]['message']}"
     if job["missing_ranks"]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import zlib
 from array import array
 from collections.abc import Mapping
@@ -143,3 +144,74 @@ def fingerprints(samples: Any, per_sample: bool) -> bytes:
         got = [fingerprint(part) or 1 for part in parts]  # 0: no such part
         out.extend(got + [0] * (FINGERPRINT_PARTS - len(got)))
     return out.tobytes()
+
+
+# NOTE [ Index sketches ]
+# Which samples a rank's first pass read, in a few kilobytes (distributed jobs only: ranks are
+# what the sketches are compared between): the SKETCH_K smallest hashes of
+# the integer indices its map-style dataset was read at (a bottom-k sketch; each process keeps
+# its own, and they merge: the k smallest of their union). Two ranks' sketches estimate the
+# share of samples they have in common (the Jaccard index; exact below k distinct samples, else
+# within a few percent): about 1 for ranks that each read the whole dataset (no
+# DistributedSampler), 0 for a sampler that splits it. The hash is Knuth's multiplicative one
+# on 32 bits, the same in every process, and costs about 0.15 µs an index (1.2 µs a batch of 8,
+# in the process that reads them); indices that are not integers are not sketched.
+SKETCH_K = 256
+_GOLDEN = 0x9E3779B1
+_M32 = 0xFFFFFFFF
+
+
+class Sketch:
+    """A bottom-k sketch of integer indices (NOTE [ Index sketches ])."""
+
+    __slots__ = ("_heap", "_members", "_thr", "version")
+
+    def __init__(self, values: list[int] | None = None) -> None:
+        self._heap: list[int] = []  # negated: the largest kept on top
+        self._members: set[int] = set()
+        self._thr = 1 << 32
+        self.version = 0  # changes when the kept hashes do
+        for h in values or ():
+            self._keep(h)
+
+    def add(self, indices: Any) -> None:
+        """Sketch the integer ones of ``indices``."""
+        thr, members = self._thr, self._members
+        for i in indices:
+            if type(i) is int:
+                h = (i * _GOLDEN) & _M32
+                if h < thr and h not in members:
+                    self._keep(h)
+                    thr = self._thr
+
+    def _keep(self, h: int) -> None:
+        if len(self._heap) < SKETCH_K:
+            heapq.heappush(self._heap, -h)
+        else:
+            self._members.discard(-heapq.heapreplace(self._heap, -h))
+        self._members.add(h)
+        if len(self._heap) == SKETCH_K:
+            self._thr = -self._heap[0]
+        self.version += 1
+
+    def values(self) -> list[int]:
+        return sorted(self._members)
+
+    def packed(self) -> bytes:
+        """The kept hashes, unsorted, as unsigned 32-bit integers (what a worker ships)."""
+        return array("I", self._members).tobytes()
+
+
+def merged(sketches: list[list[int]]) -> list[int]:
+    """The sketch of the union of the sets these sketches are of."""
+    return sorted(set().union(*sketches))[:SKETCH_K]
+
+
+def overlap(a: list[int], b: list[int]) -> float | None:
+    """The estimated share of the two sets' samples they have in common (Jaccard); None for an
+    empty sketch."""
+    if not a or not b:
+        return None
+    union = merged([a, b])
+    both = set(a) & set(b)
+    return sum(h in both for h in union) / len(union)

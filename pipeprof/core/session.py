@@ -88,11 +88,15 @@ class WorkerRecord:
     # its first samples' fingerprints, in order (NOTE [ Sample fingerprints ] in core/batch.py):
     # an iterable dataset's, FINGERPRINT_PARTS a sample, IDS_KEPT at most
     ids: list[int] = field(default_factory=list)
+    # its sketch of the indices it read (NOTE [ Index sketches ] in core/batch.py), as last shipped
+    sketch: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self, k) for k in WORKER_KEYS}
         if self.ids:
             d["ids"] = list(self.ids)
+        if self.sketch:
+            d["sketch"] = list(self.sketch)
         return d
 
 
@@ -833,7 +837,10 @@ def _worker(d: Any, where: str) -> WorkerRecord:
     _need(isinstance(d, dict), where, "an object", d)
     ids = _get(d, "ids", where, lambda v: isinstance(v, list) and all(map(_is_int, v)),
                "a list of integers", [])  # fmt: skip
-    return WorkerRecord(**{k: _get(d, k, where, _is_int, _INT, 0) for k in WORKER_KEYS}, ids=ids)
+    sketch = _get(d, "sketch", where, lambda v: isinstance(v, list) and all(map(_is_int, v)),
+                  "a list of integers", [])  # fmt: skip
+    return WorkerRecord(**{k: _get(d, k, where, _is_int, _INT, 0) for k in WORKER_KEYS}, ids=ids,
+                        sketch=sketch)  # fmt: skip
 
 
 def _rows(rows: list[Any], where: str, kinds: tuple[Any, ...], shape: str) -> list[list[Any]]:

@@ -47,14 +47,21 @@ def main():
     p.add_argument("--collective", action="store_true", help="an explicit all_reduce per step")
     p.add_argument("--crash-rank", type=int, default=-1, help="this rank raises after 5 steps")
     p.add_argument("--truth", default=None)
+    p.add_argument("--no-sampler", action="store_true", help="every rank reads the whole dataset")
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     data = Samples(args.samples, args.slow_ms if rank == args.slow_rank else 0.0)
-    sampler = DistributedSampler(data, shuffle=False)
-    loader = DataLoader(data, batch_size=args.batch, sampler=sampler, num_workers=0)
+    if args.no_sampler:  # the bug: each rank reads all of it
+        loader = DataLoader(data, batch_size=args.batch, shuffle=args.shuffle,
+                            num_workers=args.workers)  # fmt: skip
+    else:
+        sampler = DistributedSampler(data, shuffle=args.shuffle)
+        loader = DataLoader(data, batch_size=args.batch, sampler=sampler, num_workers=args.workers)
     model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 3)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     steps, waited = 0, 0.0

@@ -49,9 +49,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from pipeprof.collect import hdf5
+from pipeprof.collect import hdf5, ranks
 from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
 from pipeprof.core.batch import (
+    Sketch,
     batch_nbytes,
     batch_size,
     fingerprints,
@@ -286,6 +287,9 @@ class MapDataset(_Delegate, Dataset):  # type: ignore[type-arg]
 
     def __getitems__(self, indices: list[Any]) -> list[Any]:
         get = self._inner.__getitem__
+        sketch = self.__dict__.get("_sketch")  # NOTE [ Index sketches ] in core/batch.py
+        if sketch is not None:
+            sketch.add(indices)
         if not recorder().enabled:
             return [get(i) for i in indices]
         if "_ab" in self.__dict__ and self._off_batch():
@@ -324,6 +328,9 @@ class MapDatasetItems(MapDataset):
 
     def __getitems__(self, indices: list[Any]) -> Any:
         rec = recorder()
+        sketch = self.__dict__.get("_sketch")  # NOTE [ Index sketches ] in core/batch.py
+        if sketch is not None:
+            sketch.add(indices)
         if not rec.enabled:
             return self._inner.__getitems__(indices)
         if "_ab" in self.__dict__ and self._off_batch():
@@ -380,6 +387,11 @@ class Collate:
         # NOTE [ Sample fingerprints ] in core/batch.py: the batches of an iterable dataset left
         # to fingerprint in this process (set as the fetcher is made: in each worker)
         self.ids_left = 0
+        # NOTE [ Index sketches ] in core/batch.py: sketch the indices read (the first pass's),
+        # and the sketch's version last shipped from this process
+        self.sketch = False
+        self.sketcher: Sketch | None = None
+        self.shipped = -1
 
     def reader(self, dataset: Any) -> _Delegate:
         """What torch's fetcher reads ``dataset`` through (NOTE [ The user's own dataset ])."""
@@ -390,6 +402,10 @@ class Collate:
         items = callable(getattr(dataset, "__getitems__", None))
         wrapped = (MapDatasetItems if items else MapDataset)(dataset)
         object.__setattr__(wrapped, "_swaps", self.swaps)
+        if self.sketch:  # NOTE [ Index sketches ] in core/batch.py: one per process
+            if self.sketcher is None:
+                self.sketcher = Sketch()
+            object.__setattr__(wrapped, "_sketch", self.sketcher)
         if "ab" in self.__dict__:
             object.__setattr__(wrapped, "_ab", self.ab)
         return wrapped
@@ -428,6 +444,10 @@ class Collate:
             payload["ab"], _ARM[0] = _ARM[0], None
         payload["probe_ns"] = probe_ns
         payload["probe_warm_ns"] = warm_ns
+        sketch = self.sketcher  # NOTE [ Index sketches ] in core/batch.py: a worker's, shipped
+        if sketch is not None and sketch.version != self.shipped and _CPU_MARK[0]:
+            self.shipped = sketch.version
+            payload["sketch"] = sketch.packed()
         if self.ids_left:  # NOTE [ Sample fingerprints ] in core/batch.py
             self.ids_left -= 1
             payload["ids"] = fingerprints(samples, self.per_sample)
@@ -763,6 +783,9 @@ class ProfiledLoader:
         h5 = False
         try:
             h5 = hdf5.install()  # reads in this process (num_workers=0) are timed while it runs
+            if isinstance(self.loader.collate_fn, Collate):  # NOTE [ Index sketches ]
+                first = self.passes == 1
+                self.loader.collate_fn.sketch = first and ranks.from_env().distributed
             if self.loader.num_workers and not self.opaque:
                 self._arm_workers()
                 if self.session.meta.get("multiprocessing_context") == "fork":
@@ -1026,6 +1049,9 @@ class ProfiledLoader:
             self.session.add_costs(costs)
         self.session.run_deferred()
         self._publish_first()
+        sketcher = getattr(self.loader.collate_fn, "sketcher", None)
+        if sketcher is not None and not self.loader.num_workers:  # NOTE [ Index sketches ]
+            self.session.worker("main", os.getpid()).sketch = sketcher.values()
         self.session.add_cost("settle_ns", time.thread_time_ns() - cpu0)
         if self.h2d is not None:
             before = rec.enter(self._sinks[0])
@@ -1063,6 +1089,8 @@ class ProfiledLoader:
             if not (self.seen - 1) % BYTES_EVERY:  # ``seen`` counts this batch already
                 s.batch_bytes.add(batch_nbytes(carrier.batch))
             return carrier.batch
+        if self.passes > 1:  # NOTE [ Index sketches ] in core/batch.py: the first pass's only
+            payload.pop("sketch", None)
         s.merge(payload)  # a profiled batch's records
         # NOTE [ Wait, split ]: starved until the batch was ready, hand-over after
         starved = min(max(0, payload["end_ns"] - t0), t1 - t0)
@@ -1105,6 +1133,11 @@ class ProfiledLoader:
             w.gc_faults += full[2]
         w.batches += 1
         w.samples += payload["samples"]
+        sketch = payload.get("sketch")  # NOTE [ Index sketches ] in core/batch.py
+        if sketch is not None:
+            got = array("I")
+            got.frombytes(sketch)
+            w.sketch = sorted(got)
         ids = payload.get("ids")  # NOTE [ Sample fingerprints ] in core/batch.py
         if ids is not None and len(w.ids) < IDS_KEPT:
             got = array("I")
