@@ -61,7 +61,6 @@ IN_SITU_MOST = 4.0  # NOTE [ What the wrappers cost ]: the in-situ factor at mos
 #   standard error, else their count times one region's cost measured warm.
 
 
-
 class StepRegions:
     """The regions of the step under way: where they go (``log``, else ``timer()``), whether this
     step times them (``quiet``: not), and which were seen.
@@ -314,10 +313,11 @@ def step_region_ns(calls: int = 2000, quiet: bool = False) -> float:
     class Host:  # what the wrapper reads of a StepRegions
         depth = 0
         inner = 0
+        quiet = False
         log: StepLog | None = StepLog(Session())
         seen: set[str] = set()
 
-    Host.quiet = quiet  # type: ignore[attr-defined]
+    Host.quiet = quiet  # (``quiet = quiet`` in the class body would read a global)
 
     def never() -> bool:
         return False
