@@ -119,7 +119,7 @@ def fingerprint(sample: Any, crc: int = 0) -> int:
                 data = repr(part.tolist()).encode()
             return zlib.crc32(data, zlib.crc32(str(shape).encode(), crc))
         except Exception:  # an array type of its own: known by its shape
-            return zlib.crc32(repr(tuple(shape)).encode(), crc)
+            return zlib.crc32(str(shape).encode(), crc)
     return zlib.crc32(type(sample).__name__.encode(), crc)
 
 
@@ -166,13 +166,11 @@ class Sketch:
 
     __slots__ = ("_heap", "_members", "_thr", "version")
 
-    def __init__(self, values: list[int] | None = None) -> None:
+    def __init__(self) -> None:
         self._heap: list[int] = []  # negated: the largest kept on top
         self._members: set[int] = set()
         self._thr = 1 << 32
         self.version = 0  # changes when the kept hashes do
-        for h in values or ():
-            self._keep(h)
 
     def add(self, indices: Any) -> None:
         """Sketch the integer ones of ``indices``."""

@@ -287,7 +287,6 @@ def sample_shares(acc: dict[str, Any] | None) -> str:
         if i in same:
             others = [str(j) for j in same[i] if j != i]
             said += f" · the same samples as worker{'s' * (len(others) > 1)} {', '.join(others)}"
-
         inner.append(svg_text(478, y + 13, said))
         y += 22
     return svg_chart("shares", y + 4, "samples delivered by each worker", inner)
