@@ -1,5 +1,5 @@
 """The diagnosis matrix: pipeprof's verdict on pipelines whose bottleneck is known by construction,
-and what following its fixes delivers (docs/findings.md, "The diagnosis matrix").
+and what following its fixes delivers (docs/validation/diagnosis.md, "The diagnosis matrix").
 
     .venv/bin/python benchmarks/diagnosis_matrix.py                      # every case, ~15 min
     .venv/bin/python benchmarks/diagnosis_matrix.py --only collate --workers 2 --json m.json
@@ -413,7 +413,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The markdown table of docs/findings.md: one line per cause, its crossings right."""
+    """The markdown table of docs/validation/diagnosis.md: one line per cause, its crossings
+    right."""
     lines = ["| cause | truth | right | wrong (as) | fixes followed: delivered (median, min) |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for cause, case in CASES.items():

@@ -1,5 +1,5 @@
 """The held-out scripts (benchmarks/heldout/): what pipeprof says about each, how stable that is
-over identical runs, and what following its worker fix delivers (docs/findings.md).
+over identical runs, and what following its worker fix delivers (docs/validation/diagnosis.md).
 
 Each script is a plain training script (no pipeprof in it), run with ``pipeprof run``
 ``--runs`` times. Reported per script: the verdicts (kind, borderline, limiting stage) and the

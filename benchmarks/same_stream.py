@@ -1,4 +1,5 @@
-"""Following the ``same-samples-in-workers`` finding once for real (issue 40; docs/findings.md).
+"""Following the ``same-samples-in-workers`` finding once for real (issue 40;
+docs/validation/diagnosis.md).
 
 An IterableDataset of 512 samples that cost 1 ms each (a busy loop: decoding), 2 workers, batch
 16, read by a loop that consumes every batch: unsharded (each worker yields all of it) and then

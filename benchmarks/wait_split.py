@@ -1,6 +1,6 @@
 """The wait, measured with and without pipeprof, and a prediction followed
 (docs/validation/overhead.md,
-docs/findings.md).
+docs/validation/diagnosis.md).
 
 Two loops, each a DataLoader and a GPU-like step (a sleep: the CPU is free while it runs):
 

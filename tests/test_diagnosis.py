@@ -3,9 +3,9 @@ truth is known by construction, at 2 workers (the training process's loading: no
 cores. The verdict's kind, and its limiting stage (or its wait's cause) must be the truth.
 
 The benchmark runs every crossing (1, 2 and 4 workers; fork and spawn; free and saturated
-cores) and follows the fixes; docs/findings.md has its table. Here, each cause is also a near
-miss for the others: a compute-bound loop must not be called input-bound, a slow stage must not
-be called a hand-over, a hand-over must not be given a stage.
+cores) and follows the fixes; docs/validation/diagnosis.md has its tables. Here, each cause is
+also a near miss for the others: a compute-bound loop must not be called input-bound, a slow
+stage must not be called a hand-over, a hand-over must not be given a stage.
 """
 
 from __future__ import annotations

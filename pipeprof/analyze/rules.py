@@ -225,8 +225,8 @@ def rule_full_gc(report: dict[str, Any], facts: dict[str, Any]) -> Finding | Non
         "collections then skip (on a loop whose workers fill a cache, 0.52 s to 0.35 s); where "
         "only the inherited counters set them off, gc.collect() alone is the better fix (a "
         "loop of 160 px JPEGs with 2 workers ran 22 % faster, 16 % with gc.freeze() after it: "
-        "docs/findings.md); with persistent_workers=True the workers copy it once, not every "
-        "epoch (worth trying, not measured)",
+        "docs/validation/diagnosis.md); with persistent_workers=True the workers copy it once, "
+        "not every epoch (worth trying, not measured)",
     )
 
 
@@ -434,7 +434,8 @@ def with_startup(
     of the run as it was, a start-up that the faster run makes a quarter of its time went
     unpriced (the held-out framework loop: 5-6 workers promised 2,972-3,419 samples/s,
     delivered 0.74-0.79 of it). On that loop (2 epochs of 32 batches, workers started again
-    each epoch) the steady rate alone was met at 0.74-1.03 over the run (docs/findings.md)."""
+    each epoch) the steady rate alone was met at 0.74-1.03 over the run
+    (docs/validation/diagnosis.md)."""
     loop, meta = report["loop"], report.get("meta") or {}
     startup, wall = loop.get("startup_wait_s") or 0.0, loop.get("wall_s") or 0.0
     n = int(meta.get("num_workers") or 0)

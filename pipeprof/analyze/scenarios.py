@@ -21,7 +21,7 @@ sleeps), none. The loop runs at the slower of the two, found by iteration (``loo
 sharing (the step stretched by ``(o + w) / P``) was tried first: it promised ×1.06 where one
 worker made the loop ×0.95 slower, on 2 cores. A step that fills the cores leaves loading
 nowhere to go: moving it to workers buys little or nothing, and the findings say so instead of
-promising the loader's rate. Measured: docs/findings.md.
+promising the loader's rate. Measured: docs/validation/diagnosis.md.
 """
 
 from __future__ import annotations
