@@ -13,6 +13,12 @@ varies enough that two independent streams would match at a position at most MAX
 the time (the chance that two draws of the part are equal: a constant part, or a label with two
 classes, proves nothing). A label alone then suffices: each worker may crop its copy of an image
 at random, but it yields it with the same label, at the same place.
+
+An epoch's samples (NOTE [ An epoch's samples ] in collect/torch/epochs.py) are judged here from
+what the pass recorded: ``epochs`` (the samples of each pass that ran to its end) against
+``expected`` (a full pass's: the sampler's length less what ``drop_last`` leaves out, or an
+iterable dataset's stated length), and ``repeated`` (passes of a shuffling DistributedSampler
+that began at an epoch an earlier pass had used: the same order again).
 """
 
 from __future__ import annotations
@@ -41,6 +47,13 @@ class Accounting(TypedDict):
     same_stream: list[list[int]]  # workers that yielded the same samples, in the same order
     compared: int  # samples compared a worker (0: no fingerprints, not an iterable dataset)
     sketch: list[int]  # the first pass's indices, sketched (NOTE [ Index sketches ])
+    sampler: str | None  # the sampler's class (None: an iterable dataset)
+    shuffle: bool | None  # whether it shuffles (None: the user's own sampler, not known)
+    dataset_len: int | None  # the dataset's stated length (None: no __len__)
+    expected: int | None  # samples a full pass delivers, by the sampler and drop_last
+    dropped: int  # indices drop_last leaves out of each epoch
+    epochs: list[int]  # samples of each pass that ran to its end
+    repeated: int  # passes whose DistributedSampler epoch an earlier pass had used
 
 
 def accounting(session: Session) -> Accounting | None:
@@ -58,6 +71,10 @@ def accounting(session: Session) -> Accounting | None:
     low = sorted(i for i, w in workers.items()
                  if judged and w.batches and w.samples < LOW_SHARE * even)  # fmt: skip
     groups, compared = _same_streams({i: w.ids for i, w in workers.items()})
+    facts = session.meta.get("sampler") or {}
+    passes = session.meta.get("epochs") or []
+    shuffle = facts.get("shuffle")
+    used = [e["epoch"] for e in passes if e["epoch"] is not None]
     return {
         "workers": n,
         "delivered": {str(i): workers[i].samples for i in sorted(workers)},
@@ -66,7 +83,24 @@ def accounting(session: Session) -> Accounting | None:
         "same_stream": groups,
         "compared": compared,
         "sketch": merged([w.sketch for w in session.workers.values() if w.sketch]),
+        "sampler": facts.get("kind"),
+        "shuffle": shuffle,
+        "dataset_len": facts.get("dataset_len"),
+        "expected": _expected(facts),
+        "dropped": facts.get("dropped", 0),
+        "epochs": [e["samples"] for e in passes],
+        "repeated": len(used) - len(set(used)) if shuffle else 0,
     }
+
+
+def _expected(facts: dict[str, Any]) -> int | None:
+    """Samples a full pass delivers (NOTE [ An epoch's samples ]): the sampler's length less what
+    drop_last leaves out; an iterable dataset's stated length."""
+    if facts.get("kind") is None:
+        n: int | None = facts.get("dataset_len")
+        return n
+    n = facts.get("sampler_len")
+    return None if n is None else n - facts.get("dropped", 0)
 
 
 def _same_streams(ids: dict[int, list[int]]) -> tuple[list[list[int]], int]:
@@ -162,4 +196,108 @@ def rule_idle_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
                    fix)  # fmt: skip
 
 
-ACCOUNTING_RULES = [rule_same_stream, rule_idle_workers]
+def rule_order_repeats(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ An epoch's samples ], case 1: a shuffling DistributedSampler whose epoch stayed
+    put from one pass to the next."""
+    acc = report.get("accounting")
+    if not acc or not acc.get("repeated"):
+        return None
+    passes, repeated = len(acc["epochs"]), acc["repeated"]
+    said = "every epoch" if repeated == passes - 1 else f"{repeated} of {passes} epochs"
+    return finding(
+        "same-order-every-epoch",
+        "warning",
+        None,
+        f"the {acc['sampler']} shuffles, but its epoch did not change between passes: "
+        f"{said} read the samples in the same order as an earlier one (set_epoch was not "
+        "called), so the shuffle gives the model one fixed order",
+        {"epochs": passes, "repeated": repeated, "sampler": acc["sampler"]},
+        "call `sampler.set_epoch(epoch)` at the start of each epoch, before iterating the "
+        "loader (Lightning, the HF Trainer and Accelerate do this themselves); each epoch is "
+        "then a new order (docs/findings.md#same-order-every-epoch)",
+    )
+
+
+SHARE_NEVER_SEEN = 0.01  # NOTE [ An epoch's samples ], case 2: a warning from this share
+SHARE_DROPPED = 0.05  # with a shuffling (or unknown) sampler: a hint from this share
+
+
+def rule_dropped(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ An epoch's samples ], case 2: what ``drop_last`` leaves out of each epoch."""
+    acc = report.get("accounting")
+    if not acc or not acc.get("dropped") or acc["expected"] is None:
+        return None
+    k = acc["dropped"]
+    n = acc["expected"] + k
+    share = k / n
+    size = report.get("meta", {}).get("batch_size")
+    # an order that repeats (same-order-every-epoch) leaves the same samples out, as no shuffle
+    fixed = acc["shuffle"] is False or bool(acc.get("repeated"))
+    if share < (SHARE_NEVER_SEEN if fixed else SHARE_DROPPED):
+        return None
+    said = (
+        ("and the sampler does not shuffle" if acc["shuffle"] is False
+         else "and every epoch repeats one order")
+        + ": the same samples are left out every epoch, so the model never sees them"
+        if fixed
+        else "a different draw each epoch, as the sampler shuffles"
+    )  # fmt: skip
+    return finding(
+        "samples-dropped",
+        "warning" if fixed else "info",
+        None,
+        f"drop_last=True leaves the last {k} of {n} samples ({share:.0%}) out of each epoch "
+        f"(batch_size={size}), {said}",
+        {"dropped": k, "samples": n, "share": round(share, 4), "batch_size": size,
+         "shuffle": acc["shuffle"]},
+        f"a batch_size that divides {n}, or drop_last=False (the last batch is then smaller)"
+        + ("; or shuffle=True, so that each epoch leaves out others" if fixed else "")
+        + " (docs/findings.md#samples-dropped)",
+    )  # fmt: skip
+
+
+def rule_epoch_length(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ An epoch's samples ], case 3: an iterable dataset whose full passes yielded
+    another count than its ``__len__`` states."""
+    acc = report.get("accounting")
+    if not acc or acc["sampler"] is not None or acc["expected"] is None or not acc["epochs"]:
+        return None
+    n, got = acc["expected"], acc["epochs"]
+    meta = report.get("meta", {})
+    # drop_last leaves each worker's short last batch out
+    slack = (meta.get("batch_size") or 1) * max(1, acc["workers"]) if meta.get("drop_last") else 0
+    off = [m for m in got if not n - slack <= m <= n]
+    if not off or not n:
+        return None
+    m = off[0]
+    k = acc["workers"]
+    why = (
+        f"each of the {k} workers yielded the whole stream (same-samples-in-workers)"
+        if k > 1 and abs(m - k * n) <= slack + k
+        else "its __iter__ yields more than __len__ counts"
+        if m > n
+        else "its __iter__ stopped early, or skips items (a filter, unread shards) that "
+        "__len__ counts"
+    )
+    return finding(
+        "epoch-length",
+        "warning",
+        None,
+        f"the IterableDataset states {n} samples (__len__), but "
+        + (f"a full pass yielded {m}" if len(off) == 1 else f"{len(off)} full passes yielded "
+           f"{', '.join(map(str, off[:3]))}")
+        + f" (×{m / n:.2f}): {why}",
+        {"stated": n, "delivered": off, "workers": k},
+        "make __len__ and __iter__ agree: shard the stream by worker (and rank) in __iter__, "
+        "and count in __len__ what one epoch yields; the loop's len(), progress bars and "
+        "schedulers read __len__ (docs/findings.md#epoch-length)",
+    )  # fmt: skip
+
+
+ACCOUNTING_RULES = [
+    rule_same_stream,
+    rule_idle_workers,
+    rule_order_repeats,
+    rule_dropped,
+    rule_epoch_length,
+]

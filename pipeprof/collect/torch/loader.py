@@ -50,6 +50,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import hdf5, ranks
+from pipeprof.collect.torch import epochs
 from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
 from pipeprof.core.batch import (
     Sketch,
@@ -777,6 +778,10 @@ class ProfiledLoader:
             self.session.add_cost("setup_ns", clock() - t0)
         self.passes += 1
         self._check_fork()
+        # NOTE [ An epoch's samples ] in collect/torch/epochs.py: the sampler as this pass starts
+        epoch, samples0 = epochs.epoch_of(self.user_loader), self.session.samples
+        if self.passes == 1:
+            self.session.meta["sampler"] = epochs.sampler_facts(self.user_loader)
         rec = recorder()
         mine, first_profile = rec.begin()
         self._sinks = (mine, first_profile)
@@ -904,6 +909,8 @@ class ProfiledLoader:
             failing = sys.exc_info()[1]  # the loop's own exception, if one is on its way out
             try:
                 self.flush()
+                if failing is None:  # the pass ran to its end (a break closes it: GeneratorExit)
+                    epochs.record_pass(self.session.meta, epoch, self.session.samples - samples0)
             except Exception as exc:
                 if failing is None:
                     raise
@@ -1386,6 +1393,7 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "iterable": isinstance(loader.dataset, IterableDataset),
         "num_workers": loader.num_workers,
         "batch_size": loader.batch_size,
+        "drop_last": bool(loader.drop_last),
         "pin_memory": bool(loader.pin_memory),
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": bool(loader.persistent_workers),
