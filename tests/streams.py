@@ -3,6 +3,8 @@ so that spawned workers can rebuild them."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -34,10 +36,11 @@ class Stream(IterableDataset):
 
 class Shards(IterableDataset):
     """A source of shards (lists of sample numbers), each read by one worker: shard ``s`` goes to
-    worker ``s % num_workers``, as a streaming library hands them out."""
+    worker ``s % num_workers``, as a streaming library hands them out; ``cost``: seconds a
+    sample takes to read (a sleep)."""
 
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sizes
+    def __init__(self, sizes: list[int], cost: float = 0.0) -> None:
+        self.sizes, self.cost = sizes, cost
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = get_worker_info()
@@ -45,5 +48,7 @@ class Shards(IterableDataset):
         for s, size in enumerate(self.sizes):
             if info is None or s % info.num_workers == info.id:
                 for i in range(start, start + size):
+                    if self.cost:
+                        time.sleep(self.cost)
                     yield torch.full((4,), float(i)), i % 10
             start += size

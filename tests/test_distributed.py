@@ -195,7 +195,7 @@ def test_two_nodes_on_one_host_gather_one_job_report(tmp_path):
 
 
 def _rank_file(tmp: Path, monkeypatch, rank: int, world: int, wait_ms: float = 0.0,
-               port: str = "29500", name: str | None = None) -> Path:  # fmt: skip
+               port: str = "29500", name: str | None = None, steps: int = 8) -> Path:  # fmt: skip
     for k in LAUNCH:
         monkeypatch.delenv(k, raising=False)
     for k, v in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world,
@@ -203,7 +203,7 @@ def _rank_file(tmp: Path, monkeypatch, rank: int, world: int, wait_ms: float = 0
         monkeypatch.setenv(k, str(v))
 
     def batches():
-        for _ in range(8):
+        for _ in range(steps):
             time.sleep(wait_ms / 1000)
             yield torch.zeros(4, 2)
 
@@ -230,6 +230,20 @@ def test_merge_of_real_rank_files_and_a_missing_rank(tmp_path, monkeypatch):
     eff = job["efficiency"]
     assert eff["parallel"] == pytest.approx(eff["load_balance"] * eff["communication"], abs=1e-3)
     assert "rank 2 waits" in job.render("text") and "<svg" in job.render("html")
+
+
+def test_the_rank_whose_data_ran_out_first_is_named(tmp_path, monkeypatch):
+    """Issue 40: ranks whose shards differ run different numbers of steps; the job names the rank
+    whose data ran out first and the one whose ran out last. Ranks of one length: none."""
+    files = [_rank_file(tmp_path, monkeypatch, r, 3, steps=n) for r, n in ((0, 8), (1, 5), (2, 7))]
+    job = pipeprof.merge(files)
+    assert job["ran_out"] == {"first": 1, "last": 0, "steps": {"0": 8, "1": 5, "2": 7}}
+    said = "rank 1's data ran out first (5 steps), rank 0's last (8)"
+    assert any(said in n for n in job["notes"])
+    even = tmp_path / "even"
+    even.mkdir()
+    same = pipeprof.merge([_rank_file(even, monkeypatch, r, 2) for r in (0, 1)])
+    assert same["ran_out"] is None and not any("ran out" in n for n in same["notes"])
 
 
 def test_pipeprof_report_renders_job_and_comparison_files(tmp_path, monkeypatch, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from streams import Stream
+from streams import Shards, Stream
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pipeprof
@@ -182,3 +182,37 @@ def test_pipeprof_run_finds_the_missing_set_epoch(tmp_path: Path, call: str):
     report = pipeprof.load(out).to_dict()
     assert report["accounting"]["epochs"] == [256, 256, 256]
     assert ("same-order-every-epoch" in ids(report)) == (call == "pass")
+
+
+def test_one_worker_making_the_last_batches_alone_is_named():
+    """Shards of 192 and 64 samples (1 ms each) on 2 workers: worker 1 is done after about 16
+    batches, and worker 0 makes the last 16 alone (NOTE [ An epoch's samples ], case 4)."""
+    loader = DataLoader(Shards([192, 64], cost=0.001), batch_size=8, num_workers=2)
+    plain = list(loader)
+    prof = pipeprof.Profiler(sample_hz=0)
+    got = list(prof.wrap(loader))
+    assert [torch.equal(a[0], b[0]) for a, b in zip(plain, got, strict=True)] == [True] * 32
+    report = prof.report().to_dict()
+    tail = report["accounting"]["tail"]
+    assert tail["last"] == 0 and tail["batches"] >= 12
+    assert tail["waited_s"]["0"] == 0 and tail["waited_s"]["1"] > 0.05
+    found = next(f for f in report["findings"] if f["id"] == "uneven-shards")
+    assert found["message"].startswith("worker 0 delivered the epoch's last batch")
+    assert "even size" in found["fix"]
+
+
+@pytest.mark.parametrize("dataset", ["even shards", "map-style"])
+def test_workers_that_finish_together_are_not_named(dataset):
+    """The near misses: even shards, and a map-style dataset whose batches the workers take in
+    turn; each pass's last worker is still said, a batch or less after the other's last."""
+    data_ = Shards([128, 128], cost=0.001) if dataset == "even shards" else data(256)
+    loader = DataLoader(data_, batch_size=8, num_workers=2)
+    prof = pipeprof.Profiler(sample_hz=0)
+    for _ in range(2):
+        for _batch in prof.wrap(loader):
+            pass
+    report = prof.report().to_dict()
+    tail = report["accounting"]["tail"]
+    assert tail["last"] in (0, 1) and tail["batches"] <= 1
+    assert len(report["accounting"]["epochs"]) == 2
+    assert "uneven-shards" not in ids(report)

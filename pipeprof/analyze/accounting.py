@@ -54,6 +54,10 @@ class Accounting(TypedDict):
     dropped: int  # indices drop_last leaves out of each epoch
     epochs: list[int]  # samples of each pass that ran to its end
     repeated: int  # passes whose DistributedSampler epoch an earlier pass had used
+    # the full pass whose last worker finished longest after the others: ``last`` (its id),
+    # ``waited_s`` (by worker id: after its own last batch), ``batches`` (after the first worker
+    # was done), ``wall_s``, ``share`` (of the pass's time) and ``pass`` (its index); None
+    tail: dict[str, Any] | None
 
 
 def accounting(session: Session) -> Accounting | None:
@@ -90,7 +94,20 @@ def accounting(session: Session) -> Accounting | None:
         "dropped": facts.get("dropped", 0),
         "epochs": [e["samples"] for e in passes],
         "repeated": len(used) - len(set(used)) if shuffle else 0,
+        "tail": _tail(passes),
     }
+
+
+def _tail(passes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The full pass whose workers finished furthest apart, for its share of the pass's time
+    (NOTE [ An epoch's samples ], case 4)."""
+    tails = [
+        {**p["tail"], "pass": i, "share": round(max(p["tail"]["waited_s"].values())
+                                                / p["tail"]["wall_s"], 4)}
+        for i, p in enumerate(passes)
+        if p.get("tail") and p["tail"]["wall_s"] > 0
+    ]  # fmt: skip
+    return max(tails, key=lambda t: t["share"]) if tails else None
 
 
 def _expected(facts: dict[str, Any]) -> int | None:
@@ -294,10 +311,48 @@ def rule_epoch_length(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     )  # fmt: skip
 
 
+TAIL_SHARE = 0.1  # a pass's last worker alone for this share of it, or more
+TAIL_ROUNDS = 2  # and for this many batches a worker (a balanced pass: under one)
+
+
+def rule_uneven_tail(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ An epoch's samples ], case 4: one worker made a pass's last batches alone."""
+    acc = report.get("accounting")
+    tail = acc.get("tail") if acc else None
+    if not acc or not tail or acc["silent"]:  # a silent worker is idle-workers' to name
+        return None
+    n = acc["workers"]
+    if tail["share"] < TAIL_SHARE or tail["batches"] < max(3, TAIL_ROUNDS * n):
+        return None
+    last = tail["last"]
+    waited = max(tail["waited_s"].values())
+    gain = waited * (n - 1) / n  # the tail's work shared by every worker instead of one
+    epoch = f"epoch {tail['pass'] + 1}" if len(acc["epochs"]) > 1 else "the epoch"
+    iterable = acc["sampler"] is None
+    return finding(
+        "uneven-shards",
+        "warning",
+        None,
+        f"worker {last} delivered {epoch}'s last batch {waited:.3g} s after the first worker "
+        f"to finish had delivered its own ({tail['share']:.0%} of the pass): it made the last "
+        f"{tail['batches']} batches while the other workers had nothing left to do",
+        {"worker": last, "waited_s": tail["waited_s"], "tail_batches": tail["batches"],
+         "share": tail["share"], "pass": tail["pass"], "gain_s": round(gain, 6)},
+        ("split the stream into shards of even size, or into many more shards than workers "
+         "(a multiple of num_workers), so that the workers finish together"
+         if iterable else
+         "the workers' shares were uneven: check a custom batch_sampler, or samples whose cost "
+         "varies by orders of magnitude")
+        + f"; about {gain:.3g} s a pass to gain where the loop waits for its data (the tail "
+        f"shared by the {n} workers) (docs/findings.md#uneven-shards)",
+    )  # fmt: skip
+
+
 ACCOUNTING_RULES = [
     rule_same_stream,
     rule_idle_workers,
     rule_order_repeats,
     rule_dropped,
     rule_epoch_length,
+    rule_uneven_tail,
 ]

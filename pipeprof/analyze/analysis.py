@@ -135,7 +135,13 @@ def wait_section(session: Session) -> dict[str, Any]:
 
 
 # Findings about the pipeline's own speed: on a compute-bound loop they save no training time.
-PIPELINE_ONLY = {"dominant-stage", "no-workers", "workers-saturated", "worker-imbalance"}
+PIPELINE_ONLY = {
+    "dominant-stage",
+    "no-workers",
+    "workers-saturated",
+    "worker-imbalance",
+    "uneven-shards",
+}
 
 
 def _not_now(f: Finding, kind: str = "compute-bound") -> Finding:

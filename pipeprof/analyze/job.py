@@ -114,6 +114,7 @@ def job_dict(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     out["stragglers"] = stragglers(rows)
     out["what_if"] = kept_up(rows, out["samples_per_s"])
     out["same_samples"] = same_samples(ranks)
+    out["ran_out"] = ran_out(rows)
     out["notes"] = _notes(out)
     out["headline"] = _headline(out)
     return out
@@ -215,6 +216,19 @@ def kept_up(rows: list[dict[str, Any]], now: float) -> dict[str, Any]:
 SAME_RANKS = 0.5  # two ranks with this share of their first pass's samples in common
 
 
+def ran_out(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the ranks ran different numbers of steps: the rank whose data ran out first and
+    the one whose ran out last (``{first, last, steps}``, steps by rank); else None."""
+    steps = {r["rank"]: r["steps"] for r in rows}
+    if len(set(steps.values())) < 2:
+        return None
+    return {
+        "first": min(steps, key=lambda r: (steps[r], r)),
+        "last": max(steps, key=lambda r: (steps[r], -r)),
+        "steps": {str(r): n for r, n in sorted(steps.items())},
+    }
+
+
 def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Pairs of ranks whose first passes read the same samples (NOTE [ Index sketches ] in
     core/batch.py): ``{ranks, overlap}``, the largest overlap first."""
@@ -254,11 +268,15 @@ def _notes(job: dict[str, Any]) -> list[str]:
             "missing: no file given (did it crash before writing?); the figures cover the "
             "ranks present"
         )
-    steps = {r["steps"] for r in job["ranks"]}
-    if len(steps) > 1:
+    out = job.get("ran_out")
+    if out:
+        first, last = out["first"], out["last"]
         notes.append(
-            f"the ranks ran different numbers of steps ({min(steps)} to {max(steps)}): a rank "
-            "stopped early (a crash, --batches) or the shards were uneven"
+            f"rank {first}'s data ran out first ({out['steps'][str(first)]} steps), rank "
+            f"{last}'s last ({out['steps'][str(last)]}): a rank stopped early (a crash, "
+            "--batches) or its shard was smaller; under DDP the others wait for it at their "
+            "next collective, or hang. Give each rank an even share (DistributedSampler pads "
+            "the last one), or join uneven inputs (torch.distributed.algorithms.Join)"
         )
     bad = [str(r["rank"]) for r in job["ranks"] if r["interrupted"]]
     if bad:

@@ -13,12 +13,18 @@ runs per batch.
    never sees them.
 3. A dataset that states its length (``__len__``) is held to it: an iterable one whose full pass
    yielded another count does not hold what it says (torch only warns when it yields more).
-Each pass that ran to its end adds ``{"epoch", "samples"}`` to ``meta["epochs"]`` (the first
-EPOCHS_KEPT); ``meta["sampler"]`` holds what the rules need of the sampler.
+4. Workers whose shares of a pass differ finish apart: after the first worker's last batch the
+   others make the rest alone. When each worker's batches reached the loop (their last
+   TAIL_KEPT, as the batches are booked at the pass's end: ``PassEnds``) gives which worker
+   delivered the pass's last batch, how long after each other worker's last, and how many
+   batches came after the first worker was done (the tail).
+Each pass that ran to its end adds ``{"epoch", "samples", "tail"}`` to ``meta["epochs"]`` (the
+first EPOCHS_KEPT); ``meta["sampler"]`` holds what the rules need of the sampler.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from torch.utils.data import (
@@ -30,6 +36,7 @@ from torch.utils.data import (
 )
 
 EPOCHS_KEPT = 64  # NOTE [ An epoch's samples ]: the passes recorded
+TAIL_KEPT = 64  # a worker's last batches' arrival times kept (case 4)
 
 
 def sampler_facts(loader: DataLoader) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -59,11 +66,45 @@ def epoch_of(loader: DataLoader) -> int | None:  # type: ignore[type-arg]
     return None
 
 
-def record_pass(meta: dict[str, Any], epoch: int | None, samples: int) -> None:
-    """A pass that ran to its end: its sampler epoch and samples (NOTE [ An epoch's samples ])."""
+class PassEnds:
+    """When each worker's batches of one pass reached the loop (NOTE [ An epoch's samples ],
+    case 4): the last TAIL_KEPT of each worker's, by track."""
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.times: dict[str, deque[int]] = {}
+
+    def add(self, track: str, t1: int) -> None:
+        times = self.times.get(track)
+        if times is None:
+            times = self.times[track] = deque(maxlen=TAIL_KEPT)
+        times.append(t1)
+
+    def tail(self, end_ns: int) -> dict[str, Any] | None:
+        """Which worker delivered the pass's last batch, how long after each other worker's last
+        (``waited_s``, by worker id), the batches after the first worker was done, and the
+        pass's time; None with fewer than 2 workers delivering."""
+        lasts = {int(t[6:]): q[-1] for t, q in self.times.items() if t.startswith("worker")}
+        if len(lasts) < 2:
+            return None
+        done, end = min(lasts.values()), max(lasts.values())
+        after = sum(t > done for q in self.times.values() for t in q)
+        return {
+            "last": max(lasts, key=lambda w: lasts[w]),
+            "waited_s": {str(w): round((end - t) / 1e9, 6) for w, t in sorted(lasts.items())},
+            "batches": after,
+            "wall_s": round((end_ns - self.start_ns) / 1e9, 6),
+        }
+
+
+def record_pass(
+    meta: dict[str, Any], epoch: int | None, samples: int, tail: dict[str, Any] | None
+) -> None:
+    """A pass that ran to its end: its sampler epoch, samples and tail (NOTE [ An epoch's
+    samples ])."""
     kept = meta.setdefault("epochs", [])
     if len(kept) < EPOCHS_KEPT:
-        kept.append({"epoch": epoch, "samples": samples})
+        kept.append({"epoch": epoch, "samples": samples, "tail": tail})
 
 
 def _length(obj: Any) -> int | None:

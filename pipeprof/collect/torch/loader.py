@@ -690,6 +690,7 @@ class ProfiledLoader:
         self._lean = [0, 0, 0]  # NOTE [ The short path ]: its batches, samples, own ns so far
         self._opened: Any = (None, None)  # a pass's torch iterator and short path, for ``open``
         self._starts: list[float] = []  # ms of ``iter()`` per worker it started, each pass
+        self._ends = epochs.PassEnds(0)  # when each worker's batches of this pass came
         self.session = session
         session.notes.extend(notes)
         self.device = check_device(device)
@@ -780,6 +781,7 @@ class ProfiledLoader:
         self._check_fork()
         # NOTE [ An epoch's samples ] in collect/torch/epochs.py: the sampler as this pass starts
         epoch, samples0 = epochs.epoch_of(self.user_loader), self.session.samples
+        self._ends = epochs.PassEnds(clock())
         if self.passes == 1:
             self.session.meta["sampler"] = epochs.sampler_facts(self.user_loader)
         rec = recorder()
@@ -910,7 +912,9 @@ class ProfiledLoader:
             try:
                 self.flush()
                 if failing is None:  # the pass ran to its end (a break closes it: GeneratorExit)
-                    epochs.record_pass(self.session.meta, epoch, self.session.samples - samples0)
+                    tail = self._ends.tail(clock())
+                    epochs.record_pass(self.session.meta, epoch, self.session.samples - samples0,
+                                       tail)  # fmt: skip
             except Exception as exc:
                 if failing is None:
                     raise
@@ -1165,6 +1169,7 @@ class ProfiledLoader:
             s.add("main", "transfer/pin", pin_ns)
         if first:
             self._first_add(payload, pin_ns)
+        self._ends.add(payload["track"], t1)
         s.add_batch(t0, t1, payload["samples"], t_iter, span, payload["track"], busy, starved)
 
     def _first_add(self, payload: dict[str, Any], pin_ns: int) -> None:
@@ -1225,6 +1230,7 @@ class ProfiledLoader:
             w.cpu_ns += cpu
             if arm is not None:
                 self._ab_add(f"abw_{arm}", cpu, samples)
+        self._ends.add(track, t1)
         s.add_batch(t0, t1, samples, t_iter, span, track, busy, starved)
 
 
