@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -144,6 +145,32 @@ def test_ranks_without_a_distributed_sampler_are_named(tmp_path, workers):
             assert job["same_samples"][0]["overlap"] >= 0.8
             assert "ranks 0 and 1 read the same samples" in job["headline"]
             assert "DistributedSampler" in job["headline"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_ranks_that_read_the_same_stream_are_named(tmp_path, workers):
+    """Issue 40: an IterableDataset sharded by worker but not by rank (a streaming dataset not
+    split by node) gives every rank the same stream; the job report compares the ranks' first
+    samples' fingerprints (NOTE [ The same stream ]) and names them, with the stream's fix. The
+    stream sharded by rank as well is not named."""
+    for by_rank, port in ((False, 29751 + 2 * workers), (True, 29752 + 2 * workers)):
+        out = tmp_path / ("split" if by_rank else "whole")
+        out.mkdir()
+        ran = torchrun(out, port, "-m", "pipeprof", "run", "-q", "-o", "run.json",
+                       str(SCRIPTS / "ddp_stream.py"), "--workers", str(workers),
+                       *(("--rank-shard",) if by_rank else ()))  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        read = sorted(re.findall(r"rank (\d) read (\d+) samples", ran.stdout))  # lines interleave
+        assert read == [(str(r), "256" if by_rank else "512") for r in (0, 1)]
+        job = load(out / "run.job.json")
+        if by_rank:
+            assert job["same_samples"] == []
+        else:
+            assert job["same_samples"][0]["ranks"] == [0, 1]
+            assert job["same_samples"][0]["by"] == "stream"
+            assert "ranks 0 and 1 read the same samples" in job["headline"]
+            assert "split_dataset_by_node" in job["headline"]
 
 
 def test_a_crashing_rank_leaves_every_rank_s_file_and_merge_names_what_is_there(tmp_path):

@@ -47,6 +47,9 @@ class Accounting(TypedDict):
     same_stream: list[list[int]]  # workers that yielded the same samples, in the same order
     compared: int  # samples compared a worker (0: no fingerprints, not an iterable dataset)
     sketch: list[int]  # the first pass's indices, sketched (NOTE [ Index sketches ])
+    # an iterable dataset's first samples in a distributed job, fingerprinted: the lowest worker's
+    # (or the training process's), compared between ranks in the job report
+    stream: list[int]
     sampler: str | None  # the sampler's class (None: an iterable dataset)
     shuffle: bool | None  # whether it shuffles (None: the user's own sampler, not known)
     dataset_len: int | None  # the dataset's stated length (None: no __len__)
@@ -87,6 +90,7 @@ def accounting(session: Session) -> Accounting | None:
         "same_stream": groups,
         "compared": compared,
         "sketch": merged([w.sketch for w in session.workers.values() if w.sketch]),
+        "stream": _stream(session),
         "sampler": facts.get("kind"),
         "shuffle": shuffle,
         "dataset_len": facts.get("dataset_len"),
@@ -108,6 +112,31 @@ def _tail(passes: list[dict[str, Any]]) -> dict[str, Any] | None:
         if p.get("tail") and p["tail"]["wall_s"] > 0
     ]  # fmt: skip
     return max(tails, key=lambda t: t["share"]) if tails else None
+
+
+STREAM_KEPT = 64  # samples of a rank's stream kept for the job report
+
+
+def _stream(session: Session) -> list[int]:
+    """A distributed rank's iterable stream, its first STREAM_KEPT samples' fingerprints: its
+    lowest worker's, or the training process's (no workers)."""
+    if not session.meta.get("iterable"):
+        return []
+    tracks = sorted((t for t, w in session.workers.items() if w.ids),
+                    key=lambda t: (t == "main", int(t[6:]) if t.startswith("worker") else 0))
+    if not tracks:
+        return []
+    return session.workers[tracks[0]].ids[: STREAM_KEPT * FINGERPRINT_PARTS]
+
+
+def same_stream(a: list[int], b: list[int]) -> float | None:
+    """How many of two streams' first samples match, position by position, where at least
+    MIN_COMPARED of each are known and a part varies enough (NOTE [ The same stream ]); None
+    where they cannot tell."""
+    m = min(len(a), len(b)) // FINGERPRINT_PARTS
+    if m < MIN_COMPARED:
+        return None
+    return _match(a, b, m)
 
 
 def _expected(facts: dict[str, Any]) -> int | None:
@@ -140,7 +169,15 @@ def _same_streams(ids: dict[int, list[int]]) -> tuple[list[list[int]], int]:
 
 
 def _same(a: list[int], b: list[int], m: int) -> bool:
+    match = _match(a, b, m)
+    return match is not None and match >= SAME_MATCH
+
+
+def _match(a: list[int], b: list[int], m: int) -> float | None:
+    """The largest share of positions where a part of the first ``m`` samples matches, over
+    the parts that vary enough to tell (None: none does)."""
     k = FINGERPRINT_PARTS
+    best = None
     for part in range(k):
         x, y = a[part : m * k : k], b[part : m * k : k]
         if not any(x):  # no such part
@@ -149,9 +186,9 @@ def _same(a: list[int], b: list[int], m: int) -> bool:
         collision = sum(c * c for c in counts.values()) / (m * m)
         if collision > MAX_COLLISION:
             continue
-        if sum(p == q for p, q in zip(x, y)) >= SAME_MATCH * m:
-            return True
-    return False
+        share = sum(p == q for p, q in zip(x, y)) / m
+        best = share if best is None else max(best, share)
+    return best
 
 
 def rule_same_stream(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:

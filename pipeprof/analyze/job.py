@@ -29,6 +29,7 @@ import itertools
 import statistics
 from typing import Any
 
+from pipeprof.analyze.accounting import SAME_MATCH, same_stream
 from pipeprof.core.batch import overlap
 
 JOB_SCHEMA = "pipeprof-job/1"
@@ -232,16 +233,23 @@ def ran_out(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Pairs of ranks whose first passes read the same samples (NOTE [ Index sketches ] in
     core/batch.py): ``{ranks, overlap}``, the largest overlap first."""
-    sketches = []
+    sketches, streams = [], []
     for _, rep in ranks:
-        sketch = (rep.get("accounting") or {}).get("sketch")
-        if sketch:
-            sketches.append((rep["meta"]["rank"]["rank"], sketch))
+        acc = rep.get("accounting") or {}
+        rank = rep["meta"]["rank"]["rank"]
+        if acc.get("sketch"):
+            sketches.append((rank, acc["sketch"]))
+        if acc.get("stream"):  # an iterable dataset's (NOTE [ The same stream ])
+            streams.append((rank, acc["stream"]))
     pairs = []
     for (a, sa), (b, sb) in itertools.combinations(sorted(sketches), 2):
         share = overlap(sa, sb)
         if share is not None and share >= SAME_RANKS:
-            pairs.append({"ranks": [a, b], "overlap": round(share, 3)})
+            pairs.append({"ranks": [a, b], "overlap": round(share, 3), "by": "indices"})
+    for (a, sa), (b, sb) in itertools.combinations(sorted(streams), 2):
+        share = same_stream(sa, sb)
+        if share is not None and share >= SAME_MATCH:
+            pairs.append({"ranks": [a, b], "overlap": round(share, 3), "by": "stream"})
     return sorted(pairs, key=lambda p: -p["overlap"])
 
 
@@ -251,11 +259,21 @@ def _same_message(job: dict[str, Any]) -> str:
     top = pairs[0]["overlap"]
     names = ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
     return (
-        f"ranks {names} read the same samples (an estimated {top:.0%} of their first pass in "
-        f"common): each trains on the whole dataset, so the job does {len(ranks)}× the work "
-        "for one epoch's data. Give each rank its share: DataLoader(dataset, "
-        "sampler=DistributedSampler(dataset)) and sampler.set_epoch(epoch) at each epoch's "
-        "start (docs/findings.md#same-samples-in-ranks)"
+        f"ranks {names} read the same samples ("
+        + (f"their streams' first samples matched at {top:.0%} of positions"
+           if pairs[0].get("by") == "stream"
+           else f"an estimated {top:.0%} of their first pass in common")
+        + f"): each trains on the whole dataset, so the job does {len(ranks)}× the work "
+        "for one epoch's data. Give each rank its share: "
+        + (
+            "shard the stream by rank in the dataset's __iter__ (torch.distributed.get_rank() "
+            "and get_world_size(), with get_worker_info() inside each rank), or for a Hugging "
+            "Face dataset datasets.distributed.split_dataset_by_node(ds, rank, world_size)"
+            if pairs[0].get("by") == "stream"
+            else "DataLoader(dataset, sampler=DistributedSampler(dataset)) and "
+            "sampler.set_epoch(epoch) at each epoch's start"
+        )
+        + " (docs/findings.md#same-samples-in-ranks)"
     )
 
 

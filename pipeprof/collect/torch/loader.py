@@ -397,7 +397,8 @@ class Collate:
     def reader(self, dataset: Any) -> _Delegate:
         """What torch's fetcher reads ``dataset`` through (NOTE [ The user's own dataset ])."""
         if isinstance(dataset, IterableDataset):
-            if get_worker_info() is not None:  # workers' streams are compared, not the loop's
+            # workers' streams are compared, and in a distributed job each rank's
+            if get_worker_info() is not None or self.sketch:
                 self.ids_left = IDS_BATCHES
             return IterDataset(dataset)
         items = callable(getattr(dataset, "__getitems__", None))
