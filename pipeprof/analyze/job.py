@@ -231,8 +231,10 @@ def ran_out(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Pairs of ranks whose first passes read the same samples (NOTE [ Index sketches ] in
-    core/batch.py): ``{ranks, overlap}``, the largest overlap first."""
+    """Pairs of ranks whose first passes read the same samples: ``{ranks, overlap, by}``, the
+    largest overlap first; ``by`` "indices" (a map-style dataset's, NOTE [ Index sketches ] in
+    core/batch.py) or "stream" (an iterable one's first samples, NOTE [ The same stream ] in
+    analyze/accounting.py: ``overlap`` is then the share of positions that matched)."""
     sketches, streams = [], []
     for _, rep in ranks:
         acc = rep.get("accounting") or {}
