@@ -216,3 +216,69 @@ def test_workers_that_finish_together_are_not_named(dataset):
     assert tail["last"] in (0, 1) and tail["batches"] <= 1
     assert len(report["accounting"]["epochs"]) == 2
     assert "uneven-shards" not in ids(report)
+
+
+STATEFUL = """
+import sys
+import torch
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+class Cached(Dataset):
+    '''A dataset with a state of its own (a cache of what it read), as stateful datasets keep.'''
+
+    def __init__(self, n):
+        self.n, self.blob = n, bytes(256 * 1024)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i))
+
+    def state_dict(self):
+        return {"blob": self.blob}
+
+    def load_state_dict(self, state):
+        self.blob = state["blob"]
+
+
+if __name__ == "__main__":
+    every = int(sys.argv[1])
+    loader = StatefulDataLoader(Cached(960), batch_size=8, num_workers=2,
+                                snapshot_every_n_steps=every)
+    sums = []
+    for step, batch in enumerate(loader):
+        sums.append(float(batch.sum()))
+        if step % 20 == 19:
+            state = loader.state_dict()
+    print(sum(sums), len(sums))
+"""
+
+
+@pytest.mark.parametrize("every", [1, 20])
+def test_a_stateful_loaders_snapshots_are_timed_and_unread_ones_named(tmp_path: Path, every):
+    """torchdata's StatefulDataLoader: each state_dict() the loop calls is timed, with the step
+    it came at; workers that snapshot every step for a loop that reads one every 20 get the
+    hint, snapshots taken as often as they are read do not (NOTE [ An epoch's samples ], case
+    5). What the script prints is plain's."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    script = tmp_path / "s.py"
+    script.write_text(STATEFUL)
+    plain = subprocess.run([sys.executable, str(script), str(every)], capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    out = tmp_path / "run.json"
+    ran = subprocess.run([sys.executable, "-m", "pipeprof", "run", "-o", str(out), str(script),
+                          str(every)], capture_output=True, text=True, check=True)  # fmt: skip
+    assert ran.stdout == plain.stdout
+    report = pipeprof.load(out).to_dict()
+    snap = report["accounting"]["snapshots"]
+    assert snap["every"] == every and snap["calls"] == 6 and snap["interval_steps"] == 20
+    assert snap["ms"] > 0
+    found = [f for f in report["findings"] if f["id"] == "snapshots-unread"]
+    if every == 1:
+        assert "snapshot their state every 1 step(s)" in found[0]["message"]
+        assert "snapshot_every_n_steps=20" in found[0]["fix"]
+    else:
+        assert not found

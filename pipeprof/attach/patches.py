@@ -103,6 +103,7 @@ def patch_torch(run: Run) -> None:
     regions (attach/regions.py)."""
     from torch.utils.data import DataLoader
 
+    from pipeprof.collect.torch.epochs import note_snapshot
     from pipeprof.collect.torch.loader import Collate
 
     if run.sample_hz:  # the host sampler's modules load with torch's, not in the first
@@ -139,6 +140,25 @@ def patch_torch(run: Run) -> None:
         if own is None or getattr(own, "_pipeprof_passes", False):
             return
         run.patches.replace(cls, "__iter__", passes(own, subclass=True))
+        state = vars(cls).get("state_dict")
+        if state is not None and hasattr(cls, "load_state_dict"):
+            run.patches.replace(cls, "state_dict", snapshots(state))
+
+    def snapshots(orig: Any) -> Any:
+        """A stateful loader's ``state_dict``, timed for its profile (NOTE [ An epoch's
+        samples ] in collect/torch/epochs.py, case 5)."""
+
+        @functools.wraps(orig)
+        def state_dict(loader: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return orig(loader, *args, **kwargs)
+            finally:
+                entry = run.loaders.get(id(loader))
+                if entry is not None and entry.prof is not None and not run.stopped:
+                    note_snapshot(entry.prof.session.meta, entry.steps, clock() - t0)
+
+        return state_dict
 
     orig_subclass = DataLoader.__dict__.get("__init_subclass__")
 

@@ -18,6 +18,12 @@ runs per batch.
    TAIL_KEPT, as the batches are booked at the pass's end: ``PassEnds``) gives which worker
    delivered the pass's last batch, how long after each other worker's last, and how many
    batches came after the first worker was done (the tail).
+5. torchdata's ``StatefulDataLoader`` has its workers snapshot their state every
+   ``snapshot_every_n_steps`` batches (1 by default), each snapshot a copy of the dataset's and
+   sampler's state that travels with a batch; the loop reads one with ``state_dict()``. Under
+   ``pipeprof run`` each ``state_dict()`` call is timed, with the step it came at
+   (``note_snapshot``: ``meta["state_dicts"]``); a loop that reads one every K steps while the
+   workers snapshot every step copies the state K times for each one it uses.
 Each pass that ran to its end adds ``{"epoch", "samples", "tail"}`` to ``meta["epochs"]`` (the
 first EPOCHS_KEPT); ``meta["sampler"]`` holds what the rules need of the sampler.
 """
@@ -105,6 +111,16 @@ def record_pass(
     kept = meta.setdefault("epochs", [])
     if len(kept) < EPOCHS_KEPT:
         kept.append({"epoch": epoch, "samples": samples, "tail": tail})
+
+
+def note_snapshot(meta: dict[str, Any], step: int, ns: int) -> None:
+    """A ``state_dict()`` call of a stateful loader, at ``step`` of its loop, that took ``ns``
+    (NOTE [ An epoch's samples ], case 5)."""
+    got = meta.setdefault("state_dicts", {"calls": 0, "total_ns": 0, "steps": []})
+    got["calls"] += 1
+    got["total_ns"] += ns
+    if len(got["steps"]) < EPOCHS_KEPT:
+        got["steps"].append(step)
 
 
 def _length(obj: Any) -> int | None:

@@ -1404,6 +1404,8 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "pin_memory": bool(loader.pin_memory),
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": bool(loader.persistent_workers),
+        # torchdata's StatefulDataLoader (NOTE [ An epoch's samples ] in epochs.py); None else
+        "snapshot_every_n_steps": getattr(loader, "snapshot_every_n_steps", None),
         # the collate finding's fix: torch's own collate, or the user's (its name)
         "collate_fn": _collate_name(loader.collate_fn),
         "multiprocessing_context": ctx.get_start_method()
