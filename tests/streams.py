@@ -52,3 +52,27 @@ class Shards(IterableDataset):
                         time.sleep(self.cost)
                     yield torch.full((4,), float(i)), i % 10
             start += size
+
+
+class Ranged(IterableDataset):
+    """Samples ``start`` to ``end``: sharded, as torch's IterableDataset example does, by a
+    ``worker_init_fn`` that gives each worker its part (``shard_range``); ``seed_only`` sets a
+    seed and leaves every worker the whole range."""
+
+    def __init__(self, n: int) -> None:
+        self.start, self.end = 0, n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for i in range(self.start, self.end):
+            yield torch.full((4,), float(i)), i % 10
+
+
+def shard_range(worker_id: int) -> None:
+    info = get_worker_info()
+    data = info.dataset
+    per = (data.end - data.start) // info.num_workers
+    data.start, data.end = data.start + worker_id * per, data.start + (worker_id + 1) * per
+
+
+def seed_only(worker_id: int) -> None:
+    torch.manual_seed(worker_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from streams import Shards, Stream
+from streams import Ranged, Shards, Stream, seed_only, shard_range
 from torch.utils.data import DataLoader
 
 import pipeprof
@@ -52,6 +52,26 @@ def test_workers_that_yield_the_same_stream_are_found(workers, context):
     assert f"every sample {workers} times" in found["message"]
     assert "get_worker_info()" in found["fix"]
     assert "idle-workers" not in ids(report)
+
+
+def test_a_worker_init_fn_that_does_not_shard_is_named():
+    """A worker_init_fn is where torch's own IterableDataset example shards: one that only
+    seeds leaves every worker the whole range, and the fix names it; one that shards gives no
+    finding (the near miss)."""
+    def report(init):
+        loader = DataLoader(Ranged(128), batch_size=8, num_workers=2, worker_init_fn=init)
+        plain = list(loader)
+        prof = pipeprof.Profiler(sample_hz=0)
+        got = list(prof.wrap(loader))
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(plain, got, strict=True))
+        return prof.report().to_dict()
+
+    seeded = report(seed_only)
+    found = next(f for f in seeded["findings"] if f["id"] == "same-samples-in-workers")
+    assert "worker_init_fn (seed_only)" in found["fix"]
+    sharded = report(shard_range)
+    assert sharded["accounting"]["delivered"] == {"0": 64, "1": 64}
+    assert "same-samples-in-workers" not in ids(sharded)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

@@ -220,6 +220,7 @@ def rule_same_stream(report: dict[str, Any], facts: dict[str, Any]) -> Finding |
     if not acc or not acc["same_stream"]:
         return None
     group = max(acc["same_stream"], key=len)
+    init = (report.get("meta") or {}).get("worker_init_fn")
     k, n = len(group), acc["workers"]
     names = ", ".join(str(i) for i in group[:-1]) + f" and {group[-1]}"
     return finding(
@@ -231,7 +232,11 @@ def rule_same_stream(report: dict[str, Any], facts: dict[str, Any]) -> Finding |
         f"the loop sees every sample {k} times, and the workers do {k}× the work for the same "
         "data",
         {"workers": group, "num_workers": n, "compared": acc["compared"]},
-        "shard the stream by worker in the dataset's __iter__: `info = "
+        (f"the loader's worker_init_fn ({init}) runs in each worker but leaves every worker "
+         "the whole stream: shard there (set this worker's part of the source from "
+         "`get_worker_info()`, as torch's IterableDataset example does), or "
+         if init else "")
+        + "shard the stream by worker in the dataset's __iter__: `info = "
         "torch.utils.data.get_worker_info()`, then yield only the items (or open only the "
         "files) where `i % info.num_workers == info.id`; under DDP shard by rank as well. An "
         f"epoch is then the data once: {k}× fewer batches for the same samples "

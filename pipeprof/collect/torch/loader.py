@@ -1408,6 +1408,8 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "snapshot_every_n_steps": getattr(loader, "snapshot_every_n_steps", None),
         # the collate finding's fix: torch's own collate, or the user's (its name)
         "collate_fn": _collate_name(loader.collate_fn),
+        # the same-stream finding names it: a worker_init_fn meant to shard an IterableDataset
+        "worker_init_fn": _collate_name(loader.worker_init_fn) if loader.worker_init_fn else None,
         "multiprocessing_context": ctx.get_start_method()
         if ctx is not None
         else (
