@@ -267,6 +267,11 @@ def test_the_rank_whose_data_ran_out_first_is_named(tmp_path, monkeypatch):
     assert job["ran_out"] == {"first": 1, "last": 0, "steps": {"0": 8, "1": 5, "2": 7}}
     said = "rank 1's data ran out first (5 steps), rank 0's last (8)"
     assert any(said in n for n in job["notes"])
+    html = job.render("html")  # each rank's samples, the one that ran out first in red
+    chart = html[html.index('<svg class="chart shares"'):]
+    chart = chart[: chart.index("</svg>")]
+    assert "rank 0: 32 samples, 40.0%" in chart and "rank 1: 20 samples, 25.0%" in chart
+    assert chart.count('fill="#e03131"') == 1 and "ran out first (5 steps)" in chart
     even = tmp_path / "even"
     even.mkdir()
     same = pipeprof.merge([_rank_file(even, monkeypatch, r, 2) for r in (0, 1)])

@@ -271,22 +271,46 @@ def sample_shares(acc: dict[str, Any] | None) -> str:
     if not acc or not acc.get("workers"):
         return ""
     delivered = acc.get("delivered") or {}
-    total = sum(delivered.values()) or 1
     flagged = set(acc.get("silent") or []) | set(acc.get("low") or [])
     same = {i: g for g in acc.get("same_stream") or [] for i in g}
-    inner, y = [], 4
+    bars = []
     for i in range(acc["workers"]):
-        n = delivered.get(str(i), 0)
-        frac = n / total
-        colour = "#e03131" if i in flagged else ("#f08c00" if i in same else "#1c7ed6")
-        inner.append(svg_text(0, y + 13, f"worker{i}", 12))
-        inner.append(f'<rect x="110" y="{y}" width="360" height="16" fill="#f1f3f5"/>')
-        title = f"worker{i}: {n:,} samples, {pct(frac, 1)}"
-        inner.append(svg_rect(110, y, 360 * frac, 16, colour, title, "bar share"))
-        said = f"{n:,} samples · {pct(frac)}"
+        said = ""
         if i in same:
             others = [str(j) for j in same[i] if j != i]
-            said += f" · the same samples as worker{'s' * (len(others) > 1)} {', '.join(others)}"
-        inner.append(svg_text(478, y + 13, said))
+            said = f" · the same samples as worker{'s' * (len(others) > 1)} {', '.join(others)}"
+        colour = "#e03131" if i in flagged else ("#f08c00" if i in same else "#1c7ed6")
+        bars.append((f"worker{i}", delivered.get(str(i), 0), colour, said))
+    return _share_bars("shares", "samples delivered by each worker", bars)
+
+
+def rank_shares(job: dict[str, Any]) -> str:
+    """Each rank's share of the job's samples (the job report): ranks that read the same
+    samples in orange, the rank whose data ran out first in red, each said."""
+    same = {r: p for p in job.get("same_samples") or [] for r in p["ranks"]}
+    out = job.get("ran_out") or {}
+    bars = []
+    for row in job["ranks"]:
+        r, said, colour = row["rank"], "", "#1c7ed6"
+        if r in same:
+            other = [str(x) for x in same[r]["ranks"] if x != r]
+            said, colour = f" · the same samples as rank {', '.join(other)}", "#f08c00"
+        if out and r == out.get("first"):
+            said, colour = said + f" · ran out first ({row['steps']} steps)", "#e03131"
+        bars.append((f"rank {r}", int(row.get("samples") or 0), colour, said))
+    return _share_bars("shares", "samples read by each rank", bars)
+
+
+def _share_bars(kind: str, title: str, bars: list[tuple[str, int, str, str]]) -> str:
+    """Horizontal bars of each part's share of a count: ``(label, count, colour, said)``."""
+    total = sum(n for _, n, _, _ in bars) or 1
+    inner, y = [], 4
+    for label, n, colour, said in bars:
+        frac = n / total
+        inner.append(svg_text(0, y + 13, label, 12))
+        inner.append(f'<rect x="110" y="{y}" width="360" height="16" fill="#f1f3f5"/>')
+        inner.append(svg_rect(110, y, 360 * frac, 16, colour, f"{label}: {n:,} samples, "
+                              f"{pct(frac, 1)}", "bar share"))  # fmt: skip
+        inner.append(svg_text(478, y + 13, f"{n:,} samples · {pct(frac)}{said}"))
         y += 22
-    return svg_chart("shares", y + 4, "samples delivered by each worker", inner)
+    return svg_chart(kind, y + 4, title, inner)

@@ -95,6 +95,7 @@ def html_body(data: dict[str, Any]) -> str:
     cols = "".join(f"<th>{n}</th>" for n in ("rank", "host", "steps", "samples/s",
                                                *(n for _, n in PARTS), "stage"))  # fmt: skip
     chart = charts.stacked_steps([(label(r), r) for r in data["ranks"]])
+    chart += charts.rank_shares(data)  # issue 40: each rank's samples
     lines = "".join(f"<p>{escape(x)}</p>" for x in _efficiency_lines(data))
     notes = "".join(f"<p class='note'>note: {escape(n)}</p>" for n in data["notes"])
     return (
