@@ -17,7 +17,9 @@ from typing import Any
 import psutil
 import pytest
 from fake_nvml import FakeGpu, FakeNvml, NVMLError_Unknown
+from torch.utils.data import DataLoader, Dataset
 
+import pipeprof
 from pipeprof.collect.samplers import (
     NA,
     HostSampler,
@@ -603,3 +605,50 @@ def test_procfs_readings_agree_with_psutil() -> None:
         os.killpg(tree.pid, 9)
         tree.wait(10)
         src.close()
+
+
+class _Keeping(Dataset):  # type: ignore[type-arg]
+    """Each sample keeps ``kb`` of new private memory in its worker (0: none)."""
+
+    def __init__(self, kb: int) -> None:
+        self.kb = kb
+        self.kept: list[bytearray] = []
+
+    def __len__(self) -> int:
+        return 240
+
+    def __getitem__(self, i: int) -> Any:
+        if self.kb:
+            self.kept.append(bytearray(self.kb * 1024))
+        time.sleep(0.01)
+        return i
+
+
+@pytest.mark.parametrize("kb", [0, 512])
+def test_private_memory_of_each_worker_is_read_over_time(monkeypatch, kb):
+    """NOTE [ Private memory ] in collect/samplers/host.py: each process's RSS, PSS and USS over
+    the run, from smaps_rollup. Workers that keep 512 kB a sample (120 samples each: 60 MB)
+    show their USS grow by about that; workers that keep nothing do not. The budget is widened
+    here so that a 1.2 s run gets several readings a process."""
+    monkeypatch.setattr(host_module, "MEMORY_SHARE", 1.0)
+    monkeypatch.setattr(host_module, "MEMORY_EVERY_NS", 100 * MS)
+    loader = DataLoader(_Keeping(kb), batch_size=8, num_workers=2, collate_fn=list)
+    prof = pipeprof.Profiler(sample_hz=20)
+    with prof:
+        for _ in prof.wrap(loader):
+            time.sleep(0.005)
+    procs = prof.report().to_dict()["host"]["per_process"]
+    assert procs[0]["role"] == "main" and procs[0]["uss_max_mb"] is not None
+    workers = [p for p in procs if p["role"] == "child"]
+    assert len(workers) == 2
+    for p in workers:
+        uss = [u for u in p["memory"]["uss_mb"] if u is not None]
+        assert len(uss) >= 3 and p["pss_max_mb"] is not None
+        assert all(u <= r for u, r in zip(p["memory"]["uss_mb"], p["memory"]["rss_mb"]))
+        # a fresh fork's pages are the training process's: in its RSS, not in its USS
+        assert uss[0] < 0.5 * p["memory"]["rss_mb"][0]
+        grew = uss[-1] - uss[0]
+        if kb:
+            assert grew > 25  # of about 60 MB kept, most of it read before the worker ended
+        else:
+            assert grew < 15
