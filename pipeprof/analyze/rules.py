@@ -14,6 +14,7 @@ from pipeprof.analyze.accounting import ACCOUNTING_RULES
 from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor, measured_rate
+from pipeprof.analyze.memory import MEMORY_RULES
 from pipeprof.analyze.scenarios import (
     FULL_CORES,
     cores_full,
@@ -856,5 +857,6 @@ RULES: list[Rule] = [
     *TF_RULES,  # tf.data's terms (tf_rules.py); None for torch reports
     *H5_RULES,  # h5py reads (hdf5.py); None without them
     *ACCOUNTING_RULES,  # the workers' samples (accounting.py)
+    *MEMORY_RULES,  # the workers' memory (memory.py)
     rule_overhead,  # last: within a severity, pipeprof's own measurement after the pipeline's
 ]

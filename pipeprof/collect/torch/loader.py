@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import hdf5, ranks
-from pipeprof.collect.torch import epochs
+from pipeprof.collect.torch import epochs, memory
 from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
 from pipeprof.core.batch import (
     Sketch,
@@ -785,6 +785,8 @@ class ProfiledLoader:
         self._ends = epochs.PassEnds(clock())
         if self.passes == 1:
             self.session.meta["sampler"] = epochs.sampler_facts(self.user_loader)
+            # NOTE [ Copy-on-read ] in collect/torch/memory.py: what forked workers would copy
+            self.session.meta["py_containers"] = memory.python_containers(self.user_loader.dataset)
         rec = recorder()
         mine, first_profile = rec.begin()
         self._sinks = (mine, first_profile)
