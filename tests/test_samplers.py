@@ -637,8 +637,10 @@ def test_private_memory_of_each_worker_is_read_over_time(monkeypatch, kb):
     with prof:
         for _ in prof.wrap(loader):
             time.sleep(0.005)
-    procs = prof.report().to_dict()["host"]["per_process"]
+    report = prof.report()
+    procs = report.to_dict()["host"]["per_process"]
     assert procs[0]["role"] == "main" and procs[0]["uss_max_mb"] is not None
+    assert "private memory (USS) at most: main " in report.render("text")
     workers = [p for p in procs if p["role"] == "child"]
     assert len(workers) == 2
     for p in workers:

@@ -258,6 +258,23 @@ def workertable(data: dict[str, Any]) -> RenderableType | None:
     return t
 
 
+def private_memory_line(procs: list[dict[str, Any]]) -> str | None:
+    """The processes' private memory (USS) at its most, where it was read (NOTE [ Private
+    memory ] in collect/samplers/host.py)."""
+    said = []
+    main = [p for p in procs if p.get("role") == "main" and p.get("uss_max_mb") is not None]
+    if main:
+        said.append(f"main {num(main[0]['uss_max_mb'])} MB (RSS {num(main[0]['rss_max_mb'])})")
+    kids = [p["uss_max_mb"] for p in procs
+            if p.get("role") == "child" and p.get("uss_max_mb") is not None]  # fmt: skip
+    if kids:
+        if len(kids) == 1:
+            said.append(f"1 child {num(kids[0])} MB")
+        else:
+            said.append(f"{len(kids)} children {num(min(kids))}-{num(max(kids))} MB each")
+    return f"  private memory (USS) at most: {'; '.join(said)}" if said else None
+
+
 def utilisation(data: dict[str, Any]) -> RenderableType | None:
     lines: list[str] = []
     gpu, loop = data.get("gpu"), data.get("loop") or {}
@@ -288,6 +305,8 @@ def utilisation(data: dict[str, Any]) -> RenderableType | None:
             if kids:
                 text += f"; {len(kids)} children {util(sum(kids) / len(kids))} each"
             lines.append(text)
+        if (line := private_memory_line(procs)) is not None:
+            lines.append(line)
     scaling = (data.get("meta") or {}).get("core_scaling") or {}
     if isinstance(scaling.get("per_process"), (int, float)) and scaling["per_process"] < 0.95:
         lines.append(  # NOTE [ Cores are not all equal ]: what the what-ifs assumed

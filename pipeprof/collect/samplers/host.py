@@ -54,15 +54,15 @@ object writes its reference count). Each process's PSS (shared pages split among
 sharing them) and USS (its private pages: ``Private_Clean + Private_Dirty``) come from
 ``/proc/<pid>/smaps_rollup`` (psutil's ``memory_full_info()`` elsewhere). The kernel walks the
 process's page tables for it: 7 ms for a 320 MB process on this project's VM, 4,000 times a
-``stat`` read. So memory is read apart from the samples, one process at a time in turn, at most
-once a second each (MEMORY_EVERY_NS), while a budget lasts: a token bucket as the look-ups' own,
-refilled at MEMORY_SHARE (0.1 % of a core) and holding MEMORY_BURST_NS (10 ms). A worker of
-300 MB is then read about every 8 s, one of 2 GB about every 50 s: a run's trend, not its
-every step (with 2 DataLoader workers, ``benchmarks/sampler_cost.py --loader --seconds 10``,
-medians of 3 windows, 2 runs each way: the sampler took 0.27-0.41 % of a core with memory read,
-0.26-0.29 % without; at 0.2 % of a core, 0.42-0.52 %). Each process keeps its last
-MEMORY_KEPT readings, the older half thinned to every other one when full, so a long run keeps
-its whole span.
+``stat`` read. So memory is read apart from the samples, one process at a time in turn (the
+children first), at most once a second each (MEMORY_EVERY_NS), while a budget lasts: a token
+bucket as the look-ups' own, refilled at MEMORY_SHARE (0.1 % of a core) and holding
+MEMORY_BURST_NS (10 ms). A worker of 300 MB is then read about every 8 s, one of 2 GB about
+every 50 s: a run's trend, not its every step (with 2 DataLoader workers,
+``benchmarks/sampler_cost.py --loader --seconds 10``, medians of 3 windows, 2 runs each way:
+the sampler took 0.27-0.41 % of a core with memory read, 0.26-0.29 % without; at 0.2 % of a
+core, 0.42-0.52 %). Each process keeps its last MEMORY_KEPT readings, the older half thinned to
+every other one when full, so a long run keeps its whole span.
 """
 
 from __future__ import annotations
@@ -625,7 +625,7 @@ class HostSampler(Sampler):
         self._mem_credit, self._mem_credit_t = min(float(MEMORY_BURST_NS), credit), now
         if self._mem_credit < 0:
             return
-        pids = [self._pid, *self._kids]
+        pids = [*self._kids, self._pid]  # the workers first: a short run may read only them
         for k in range(len(pids)):
             pid = pids[(self._mem_next + k) % len(pids)]
             agg = self._procs.get(pid)
