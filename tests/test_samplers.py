@@ -641,6 +641,13 @@ def test_private_memory_of_each_worker_is_read_over_time(monkeypatch, kb):
     procs = report.to_dict()["host"]["per_process"]
     assert procs[0]["role"] == "main" and procs[0]["uss_max_mb"] is not None
     assert "private memory (USS) at most: main " in report.render("text")
+    html = report.render("html")  # a line of each process's USS over time, a point a reading
+    chart = html[html.index('<svg class="chart memory"'):]
+    chart = chart[: chart.index("</svg>")]
+    assert chart.count('data-series="main process"') >= 1
+    assert chart.count('data-series="worker pid') >= 2
+    read = sum(1 for p in procs for u in p["memory"]["uss_mb"] if u is not None)
+    assert chart.count("<circle") == read
     workers = [p for p in procs if p["role"] == "child"]
     assert len(workers) == 2
     for p in workers:

@@ -375,6 +375,14 @@ def timeline(session: Session) -> dict[str, Any] | None:
             "t_s": [round((t - t0) / 1e9, 4) for t in htl["t_ns"]],
             "cpu": htl.get("cpu", []),
         }
+    # NOTE [ Private memory ] in collect/samplers/host.py: each process's readings, where read
+    out["memory"] = [
+        {"pid": p["pid"], "role": p["role"],
+         "t_s": [round((t - t0) / 1e9, 4) for t in p["memory"]["t_ns"]],
+         "uss_mb": p["memory"]["uss_mb"], "rss_mb": p["memory"]["rss_mb"]}
+        for p in (session.host or {}).get("per_process") or []
+        if (p.get("memory") or {}).get("t_ns")
+    ]  # fmt: skip
     if not steps and out["gpu"] is None and out["cpu"] is None:
         return None
     return out

@@ -229,6 +229,9 @@ def body(data: dict[str, Any]) -> str:
     gpu_text = gpu_lines(data)
     if util_chart or gpu_text:
         parts.append(f"<h2>Utilisation</h2>{util_chart}{gpu_text}")
+    memory_chart = timelines.memory_timeline(data)
+    if memory_chart:
+        parts.append(f"<h2>Private memory</h2>{memory_chart}")
     if data.get("stages"):
         parts.append(
             "<h2>Pipeline stages (time summed over workers)</h2>"

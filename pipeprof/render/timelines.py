@@ -173,3 +173,46 @@ def utilisation_timeline(data: dict[str, Any]) -> str:
     inner.append(svg_text(x0 + w, top + h + 14, f"{num(t_end)} s", 10, "end"))
     inner.append(svg_legend(top + h + 32, legend, x0))
     return svg_chart("utilisation", top + h + 40, "GPU and CPU utilisation over time", inner)
+
+
+def memory_timeline(data: dict[str, Any]) -> str:
+    """Each process's private memory (USS) over time, where it was read (NOTE [ Private memory ]
+    in collect/samplers/host.py): a worker copying what it shares with the training process
+    climbs; a point for each reading."""
+    procs = [p for p in (data.get("timeline") or {}).get("memory") or [] if p["t_s"]]
+    known = [u for p in procs for u in p["uss_mb"] if u is not None]
+    if not known:
+        return ""
+    t_end = max([data.get("wall_s") or 0.0, *(t for p in procs for t in p["t_s"])]) or 1.0
+    top_mb = max(known) * 1.1 or 1.0
+    x0, w, top, h = 48.0, WIDTH - 56.0, 10.0, 140.0
+
+    def sx(t: float) -> float:
+        return x0 + w * max(0.0, t) / t_end
+
+    def sy(mb: float) -> float:
+        return top + h - h * max(0.0, mb) / top_mb
+
+    inner = []
+    for mb in (0.0, top_mb / 2, top_mb):
+        inner.append(f'<line x1="{x0}" y1="{sy(mb):.1f}" x2="{x0 + w}" y2="{sy(mb):.1f}" '
+                     f'stroke="{"#adb5bd" if mb == 0 else "#e9ecef"}"/>')  # fmt: skip
+        inner.append(svg_text(x0 - 4, sy(mb) + 4, f"{num(mb)} MB", 10, "end"))
+    legend: list[tuple[str, str]] = []
+    kids = 0
+    for p in procs:
+        main = p["role"] == "main"
+        color = "#495057" if main else DEVICE_COLOR[kids % len(DEVICE_COLOR)]
+        kids += not main
+        name = "main process" if main else f"worker pid {p['pid']}"
+        inner.append(_polylines(p["t_s"], p["uss_mb"], sx, sy, color, name))
+        for t, u in zip(p["t_s"], p["uss_mb"]):
+            if u is not None:
+                inner.append(f'<circle cx="{sx(t):.1f}" cy="{sy(u):.1f}" r="2.5" fill="{color}">'
+                             f"<title>{escape(name)}: {num(u)} MB at {num(t)} s</title></circle>")
+        legend.append((name, color))
+    inner.append(svg_text(x0, top + h + 14, "0 s", 10))
+    inner.append(svg_text(x0 + w, top + h + 14, f"{num(t_end)} s", 10, "end"))
+    inner.append(svg_legend(top + h + 32, legend, x0))
+    return svg_chart("memory", top + h + 40, "private memory (USS) of each process over time",
+                     inner)  # fmt: skip
