@@ -63,3 +63,53 @@ def test_workers_that_copy_a_list_of_strings_are_named(monkeypatch, as_array):
     assert found, [p["uss_max_mb"] for p in report["host"]["per_process"]]
     assert "dataset.texts (list of bytes, 2,500,000 items" in found[0]["message"]
     assert "numpy" in found[0]["fix"] and found[0]["severity"] == "warning"
+
+
+class Kept(Dataset):  # type: ignore[type-arg]
+    """Each read keeps 512 kB in its worker: in a list that grows for ever (a leak), or
+    (``cached``) in a cache keyed by the index, full after the first epoch."""
+
+    def __init__(self, cached: bool) -> None:
+        self.cached = cached
+        self.kept: list[bytearray] = []
+        self.cache: dict[int, bytearray] = {}
+
+    def __len__(self) -> int:
+        return 240
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.cached:
+            self.cache.setdefault(i, bytearray(512 * 1024))
+        else:
+            self.kept.append(bytearray(512 * 1024))
+        time.sleep(0.01)
+        return torch.tensor(i)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="USS from /proc")
+@pytest.mark.parametrize("cached", [False, True])
+def test_memory_that_keeps_growing_after_the_first_epoch_is_named(monkeypatch, cached):
+    """NOTE [ Memory that keeps growing ] in analyze/memory.py: persistent workers that keep
+    512 kB a read grow 60 MB an epoch each, after the first as in it: named, with the growth per
+    1,000 batches and the time left; a cache that is full after the first epoch is not."""
+    monkeypatch.setattr(host, "MEMORY_SHARE", 1.0)
+    monkeypatch.setattr(host, "MEMORY_EVERY_NS", 100_000_000)
+    loader = DataLoader(Kept(cached), batch_size=8, num_workers=2, persistent_workers=True)
+    prof = pipeprof.Profiler(sample_hz=20)
+    with prof:
+        wrapped = prof.wrap(loader)
+        for _ in range(3):
+            for _batch in wrapped:
+                pass
+    report = prof.report().to_dict()
+    assert len(report["timeline"]["epoch_ends_s"]) == 3
+    found = [f for f in report["findings"] if f["id"] == "memory-growth"]
+    if cached:
+        assert not found
+        return
+    assert found, report["timeline"]["memory"]
+    ev = found[0]["evidence"]
+    assert {p["role"] for p in ev["processes"]} == {"child"} and len(ev["processes"]) == 2
+    # 60 MB an epoch of 15 batches a worker, 30 batches an epoch: about 4,000 MB / 1,000 batches
+    assert 1500 < ev["mb_per_1000_batches"] < 8000
+    assert ev["hours_left"] is not None and "run out in" in found[0]["message"]

@@ -383,6 +383,8 @@ def timeline(session: Session) -> dict[str, Any] | None:
         for p in (session.host or {}).get("per_process") or []
         if (p.get("memory") or {}).get("t_ns")
     ]  # fmt: skip
+    ends = [e.get("end_ns") for e in session.meta.get("epochs") or []]  # full passes
+    out["epoch_ends_s"] = [round((t - t0) / 1e9, 4) for t in ends if t]
     if not steps and out["gpu"] is None and out["cpu"] is None:
         return None
     return out

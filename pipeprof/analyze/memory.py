@@ -1,5 +1,17 @@
 """Worker memory (docs/findings.md#copy-on-read): forked workers that copy the dataset's Python
-objects as they read them (NOTE [ Copy-on-read ] in collect/torch/memory.py)."""
+objects as they read them (NOTE [ Copy-on-read ] in collect/torch/memory.py), and private
+memory that keeps growing after the first epoch (NOTE [ Memory that keeps growing ]).
+
+NOTE [ Memory that keeps growing ]
+A process's private memory (USS, NOTE [ Private memory ] in collect/samplers/host.py) that grows
+through the first epoch may be filling once (a cache of the dataset, the workers' copies of what
+they read); one that still grows after it fills the machine in the end. Each process's readings
+after the first full pass ended (``timeline.epoch_ends_s``) are fitted with a line (least
+squares): at least GROWTH_READINGS of them, a rise of GROWTH_MB or more over them. Its slope is
+given per second and per 1,000 of the loop's batches, and the memory the machine had available
+at the last reading (``host.mem_available_mb``) over the slopes of all such processes is the time
+left before it runs out.
+"""
 
 from __future__ import annotations
 
@@ -49,4 +61,76 @@ def rule_copy_on_read(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     )  # fmt: skip
 
 
-MEMORY_RULES = [rule_copy_on_read]
+GROWTH_READINGS = 3  # NOTE [ Memory that keeps growing ]
+GROWTH_MB = 32.0
+
+
+def _slope(t: list[float], v: list[float]) -> float:
+    """Least squares: MB a second."""
+    mt, mv = sum(t) / len(t), sum(v) / len(v)
+    den = sum((x - mt) ** 2 for x in t)
+    return sum((x - mt) * (y - mv) for x, y in zip(t, v)) / den if den > 0 else 0.0
+
+
+def growing(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The processes whose private memory still grew after the first full pass (NOTE [ Memory
+    that keeps growing ]): ``{pid, role, mb_per_s, rise_mb, readings}``, the steepest first."""
+    tl = report.get("timeline") or {}
+    ends = tl.get("epoch_ends_s") or []
+    if not ends:
+        return []
+    out = []
+    for p in tl.get("memory") or []:
+        late = [(t, u) for t, u in zip(p["t_s"], p["uss_mb"]) if u is not None and t > ends[0]]
+        if len(late) < GROWTH_READINGS:
+            continue
+        t, v = [x for x, _ in late], [y for _, y in late]
+        slope = _slope(t, v)
+        rise = slope * (t[-1] - t[0])
+        if slope > 0 and rise >= GROWTH_MB:
+            out.append({"pid": p["pid"], "role": p["role"], "mb_per_s": round(slope, 3),
+                        "rise_mb": round(rise, 1), "readings": len(late)})  # fmt: skip
+    return sorted(out, key=lambda g: -g["mb_per_s"])
+
+
+def rule_memory_growth(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ Memory that keeps growing ]."""
+    grow = growing(report)
+    if not grow:
+        return None
+    top = grow[0]
+    wall, batches = report.get("wall_s") or 0.0, report.get("batches") or 0
+    per_k = top["mb_per_s"] * wall / batches * 1000 if batches and wall else None
+    rate = sum(g["mb_per_s"] for g in grow)
+    free = (report.get("host") or {}).get("mem_available_mb")
+    left = free / rate if free and rate > 0 else None
+    who = "the training process" if top["role"] == "main" else f"worker pid {top['pid']}"
+    more = f" (and {len(grow) - 1} more process{'es' * (len(grow) > 2)})" if len(grow) > 1 else ""
+    said = f", {per_k:,.1f} MB every 1,000 batches" if per_k is not None else ""
+    when = (f"; at that rate the {free:,.0f} MB the machine has available run out in "
+            f"{_duration(left)}" if left is not None else "")  # fmt: skip
+    return finding(
+        "memory-growth",
+        "warning",
+        None,
+        f"{who}'s private memory kept growing after the first epoch{more}: "
+        f"+{top['rise_mb']:,.0f} MB over {top['readings']} readings, {top['mb_per_s']:.3g} "
+        f"MB a second{said}{when}",
+        {"processes": grow, "mb_per_1000_batches": None if per_k is None else round(per_k, 2),
+         "mem_available_mb": free, "hours_left": None if left is None else round(left / 3600, 2)},
+        "find what is kept from step to step: a cache or list the dataset fills as it reads "
+        "(bound it, or clear it each epoch), tensors the loop keeps (log loss.item(), not the "
+        "loss), or, in persistent workers, the copy-on-read of the dataset's Python objects "
+        "(docs/findings.md#memory-growth)",
+    )  # fmt: skip
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+MEMORY_RULES = [rule_copy_on_read, rule_memory_growth]

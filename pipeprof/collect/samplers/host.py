@@ -219,6 +219,11 @@ class _Psutil:
         """Let go of what is kept for the children (another sampler may take this source)."""
         self._procs = {self._root.pid: self._root}
 
+    def available(self) -> tuple[float, float]:
+        """The machine's memory available to new allocations and its total, in bytes."""
+        vm = self.psutil.virtual_memory()
+        return float(vm.available), float(vm.total)
+
     def memory(self, pid: int) -> tuple[float, float | None, float | None]:
         """RSS, PSS and USS in bytes (NOTE [ Private memory ]); PSS or USS None where the
         platform has none."""
@@ -472,6 +477,8 @@ class HostSampler(Sampler):
         self._mem_credit = float(MEMORY_BURST_NS)  # NOTE [ Private memory ]: its budget ...
         self._mem_credit_t = 0  # ... as of this time (monotonic ns)
         self._mem_next = 0  # the process whose memory is read next, in turn
+        self.mem_available_mb: float | None = None  # the machine's, at the last memory reading
+        self.mem_total_mb: float | None = None
         self.lookups = 0  # children look-ups so far
         self._procs: dict[int, _Proc] = {}  # pid -> aggregates, main first
         self._last_times: CoreTimes = []
@@ -643,6 +650,11 @@ class HostSampler(Sampler):
                 agg.memory_at = now
                 agg.add_memory(now_ns, rss / MIB, None if pss is None else pss / MIB,
                                None if uss is None else uss / MIB)  # fmt: skip
+            try:
+                free, total = self._src.available()
+                self.mem_available_mb, self.mem_total_mb = free / MIB, total / MIB
+            except Exception:
+                pass
             self._mem_credit -= time.thread_time_ns() - cpu0
             return
 
@@ -750,6 +762,8 @@ class HostSampler(Sampler):
             "steal_mean": self.steal.mean,
             "disk_read_mb_s_mean": self.disk.mean,
             "rss_max_mb": self.rss_max_mb,
+            "mem_available_mb": self.mem_available_mb,
+            "mem_total_mb": self.mem_total_mb,
             "per_process": procs,
             "timeline": timeline,
         }

@@ -104,13 +104,15 @@ class PassEnds:
 
 
 def record_pass(
-    meta: dict[str, Any], epoch: int | None, samples: int, tail: dict[str, Any] | None
+    meta: dict[str, Any], epoch: int | None, samples: int, tail: dict[str, Any] | None,
+    end_ns: int = 0,
 ) -> None:
-    """A pass that ran to its end: its sampler epoch, samples and tail (NOTE [ An epoch's
-    samples ])."""
+    """A pass that ran to its end: its sampler epoch, samples, tail and when it ended (the
+    profile's clock: the memory readings are held against it, analyze/memory.py) (NOTE [ An
+    epoch's samples ])."""
     kept = meta.setdefault("epochs", [])
     if len(kept) < EPOCHS_KEPT:
-        kept.append({"epoch": epoch, "samples": samples, "tail": tail})
+        kept.append({"epoch": epoch, "samples": samples, "tail": tail, "end_ns": end_ns})
 
 
 def note_snapshot(meta: dict[str, Any], step: int, ns: int) -> None:

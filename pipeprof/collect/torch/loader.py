@@ -915,9 +915,9 @@ class ProfiledLoader:
             try:
                 self.flush()
                 if failing is None:  # the pass ran to its end (a break closes it: GeneratorExit)
-                    tail = self._ends.tail(clock())
+                    end = clock()
                     epochs.record_pass(self.session.meta, epoch, self.session.samples - samples0,
-                                       tail)  # fmt: skip
+                                       self._ends.tail(end), end)  # fmt: skip
             except Exception as exc:
                 if failing is None:
                     raise
