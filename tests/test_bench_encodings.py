@@ -298,8 +298,8 @@ def test_cli_bench_encodings(tmp_path, jpegs):
     assert bad.returncode == 2 and "--seconds: expected seconds, 0 or more" in bad.stderr
 
 
-# The prediction for a switched encoding against a real run with it; see docs/bench.md
-# ("Storage encodings", validation) for the spread on the 2-core development VM and why.
+# The prediction for a switched encoding against a real run with it; see docs/validation/bench.md
+# ("a switched encoding against a real run") for the spread on the 2-core development VM and why.
 # Anchored to the measured current rate, the prediction's error is the predicted gain's: medians
 # of -6 to +3 % over 6-9 rounds, single runs -14 to +24 %; the model alone (not anchored) drifted
 # by +6 to +51 % (medians) as the stand-alone CPU moved 0.84-1.6x from the workers' on this VM.

@@ -330,8 +330,8 @@ def test_bench_predicts_a_worker_count_before_it_runs():
     for _ in DataLoader(ds, batch_size=bs, num_workers=k):
         stamps.append(time.perf_counter_ns())
     # steady: from the arrival of the 2k-th batch, past the start-up and the batches the workers
-    # had prefetched meanwhile (2 each), to the last; 15 % is the worst run docs/bench.md reports
-    # for k above the cores
+    # had prefetched meanwhile (2 each), to the last; 15 % is the worst run
+    # docs/validation/bench.md reports for k above the cores
     first = 2 * k - 1
     measured = (len(stamps) - 1 - first) * bs / ((stamps[-1] - stamps[first]) / 1e9)
     assert predicted == pytest.approx(measured, rel=0.15)

@@ -293,12 +293,13 @@ class Bench(Result):
     # shared 2-vCPU VM, a Python step (20,000 dict updates a sample) timed alone gave 229-739
     # samples/s of one process, while one worker made 214-277: the model's 2-worker figure read
     # -1 % and +24 % (medians of two sets of 5 rounds), up to +69 % in one round
-    # (benchmarks/core_scaling.py; docs/bench.md has the anchored figures). Where worker counts
-    # were measured (``workers=``), a prediction at k workers uses the model whose workers'
-    # costs (stages, collate, sending; not the main process's) are scaled until it gives what
-    # the run nearest k gave (the largest at or below k, else the smallest above), under the
-    # load other programs put on the cores in that run. ``details["anchor"]`` says which run and the
-    # factor; k = 0 (no workers) is not anchored, nor is a run the model cannot reach.
+    # (benchmarks/core_scaling.py; docs/validation/bench.md has the anchored figures). Where
+    # worker counts were measured (``workers=``), a prediction at k workers uses the model whose
+    # workers' costs (stages, collate, sending; not the main process's) are scaled until it
+    # gives what the run nearest k gave (the largest at or below k, else the smallest above),
+    # under the load other programs put on the cores in that run. ``details["anchor"]`` says
+    # which run and the factor; k = 0 (no workers) is not anchored, nor is a run the model
+    # cannot reach.
     def anchor(self, workers: int) -> dict[str, Any] | None:
         """The measured run a prediction at ``workers`` is anchored to, and the factor on the
         workers' costs that makes the model give what it ran."""

@@ -148,8 +148,8 @@ def anchored(
     next, seconds apart, and the hand-over costs more when the cores are full than when it is
     timed on its own. An encoding's gain over the current one (the model's rate with it / with
     the current) is timed pass by pass in turn with the current read, so both drift alike and
-    the gain holds (docs/bench.md). So the current encoding is run for real, over the same
-    sample set, with the same workers, batch size, collate_fn and start method, and each row's
+    the gain holds (docs/validation/bench.md). So the current encoding is run for real, over the
+    same sample set, with the same workers, batch size, collate_fn and start method, and each row's
     rate is the measured one times the row's gain: the current row is measured, the others are
     predicted. The run is skipped (the model's rates stand, and the note says why) when the
     dataset holds open h5py handles (workers must not inherit them, docs/hdf5.md) or the run
