@@ -169,12 +169,14 @@ def test_no_real_run_over_a_dataset_holding_an_open_h5py_file(tmp_path, monkeypa
 
 def test_float_hdf5_samples_get_hdf5_rows_and_no_image_rows(tmp_path):
     path = tmp_path / "f.h5"
-    write(path, "x", field(64, 16, 16), chunks=(8, 16, 16), compression="gzip")
+    # samples of 16 kB: a 16-sample chunk's decode outweighs a read's fixed cost (4-6× the
+    # 1-sample chunk's read here; with 1 kB samples, 1.1-1.5×, which a busy machine reversed)
+    write(path, "x", field(64, 64, 64), chunks=(8, 64, 64), compression="gzip")
     ds = LazyH5(path)
     e = pipeprof.bench_encodings(ds, samples=16, **FAST)
     rows = rows_of(e)
     cur = e["rows"][0]
-    assert cur["encoding"] == "HDF5 gzip, chunks 8×16×16 (f.h5:/x)"
+    assert cur["encoding"] == "HDF5 gzip, chunks 8×64×64 (f.h5:/x)"
     with h5py.File(path) as f:
         stored = f["x"].id.get_storage_size()
     assert cur["bytes_per_sample"] == pytest.approx(stored / 64, abs=0.05)
