@@ -24,8 +24,9 @@ runs per batch.
    ``pipeprof run`` each ``state_dict()`` call is timed, with the step it came at
    (``note_snapshot``: ``meta["state_dicts"]``); a loop that reads one every K steps while the
    workers snapshot every step copies the state K times for each one it uses.
-Each pass that ran to its end adds ``{"epoch", "samples", "tail"}`` to ``meta["epochs"]`` (the
-first EPOCHS_KEPT); ``meta["sampler"]`` holds what the rules need of the sampler.
+Each pass that ran to its end adds ``{"epoch", "samples", "tail", "end_ns"}`` to
+``meta["epochs"]`` (the first EPOCHS_KEPT; ``end_ns`` on the profile's clock, which the memory
+readings share: analyze/memory.py); ``meta["sampler"]`` holds what the rules need of the sampler.
 """
 
 from __future__ import annotations
