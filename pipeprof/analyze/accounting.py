@@ -66,6 +66,11 @@ class Accounting(TypedDict):
     # a stateful loader's (torchdata): ``every`` (snapshot_every_n_steps), ``calls`` to
     # state_dict(), ``ms`` a call, ``interval_steps`` between calls (median); None for others
     snapshots: dict[str, Any] | None
+    # a stateful loader whose loop read a snapshot: ``restores`` ("state" or "fast-forward"),
+    # ``sampler``, ``shuffles`` (True, False, None: not known) and ``resumes``, each resumed
+    # pass measured (``at`` batches, ``before``, ``after``, ``repeated``, ``skipped``: NOTE [
+    # Resumes ] in collect/torch/resume.py); None for others
+    resume: dict[str, Any] | None
 
 
 def accounting(session: Session) -> Accounting | None:
@@ -105,7 +110,17 @@ def accounting(session: Session) -> Accounting | None:
         "repeated": len(used) - len(set(used)) if shuffle else 0,
         "tail": _tail(passes),
         "snapshots": _snapshots(session.meta),
+        "resume": _resume(session.meta),
     }
+
+
+def _resume(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """How a stateful loader's snapshots restore its sampler, and the resumes measured (NOTE
+    [ Resumes ] in collect/torch/resume.py)."""
+    facts = meta.get("restore")
+    if facts is None:
+        return None
+    return {**facts, "resumes": list(meta.get("resumes") or [])}
 
 
 def _snapshots(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -410,6 +425,46 @@ def rule_snapshots(report: dict[str, Any], facts: dict[str, Any]) -> Finding | N
     )  # fmt: skip
 
 
+def rule_resume(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ Resumes ] in collect/torch/resume.py: a resume measured to repeat or skip
+    samples, or, with none measured, snapshots that a resume would fast-forward through a
+    sampler that draws a new order each time."""
+    acc = report.get("accounting")
+    got = acc.get("resume") if acc else None
+    if not got:
+        return None
+    bad = [r for r in got["resumes"] if r["repeated"] or r["skipped"]]
+    if got["resumes"] and not bad:
+        return None  # measured, and right
+    if not bad and not (got["restores"] == "fast-forward" and got["shuffles"]):
+        return None
+    sampler = got["sampler"]
+    if bad:
+        r = bad[0]
+        said = (f"the pass resumed after {r['at']} batches read {r['after']} samples, "
+                f"{r['repeated']} of them already read before the snapshot, and left "
+                f"{r['skipped'] if r['skipped'] is not None else 'an unknown number of'} "
+                "samples of the epoch unread")  # fmt: skip
+        evidence = {**r, "sampler": sampler, "restores": got["restores"]}
+    else:
+        said = ("no resume was measured in this run, but one would draw the rest of the "
+                "epoch from a new order")  # fmt: skip
+        evidence = {"sampler": sampler, "restores": got["restores"]}
+    return finding(
+        "resume-repeats",
+        "warning",
+        None,
+        f"the StatefulDataLoader's {sampler} keeps no state of its own: a resume from its "
+        "state_dict() draws the sampler's order anew and skips as many indices as were read, "
+        f"so it repeats samples and misses others; {said}",
+        evidence,
+        "pass shuffle=True instead of sampler=RandomSampler(...) (torchdata puts its own "
+        "RandomSampler in place, whose state the snapshot keeps), or give your sampler "
+        "state_dict()/load_state_dict(); followed, the same resume read each sample of the "
+        "epoch once (docs/findings.md#resume-repeats)",
+    )  # fmt: skip
+
+
 TAIL_SHARE = 0.1  # a pass's last worker alone for this share of it, or more
 TAIL_ROUNDS = 2  # and for this many batches a worker (a balanced pass: under one)
 
@@ -455,4 +510,5 @@ ACCOUNTING_RULES = [
     rule_epoch_length,
     rule_uneven_tail,
     rule_snapshots,
+    rule_resume,
 ]

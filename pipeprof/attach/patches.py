@@ -103,6 +103,7 @@ def patch_torch(run: Run) -> None:
     regions (attach/regions.py)."""
     from torch.utils.data import DataLoader
 
+    from pipeprof.collect.torch import resume
     from pipeprof.collect.torch.epochs import note_snapshot
     from pipeprof.collect.torch.loader import Collate
 
@@ -110,8 +111,9 @@ def patch_torch(run: Run) -> None:
         _load_samplers()  # pass's iter() (the loop's time): 5-25 ms
 
     orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
+    resumes = resume.Resumes()  # NOTE [ Resumes ] in collect/torch/resume.py
 
-    def passes(orig: Any, subclass: bool = False) -> Any:
+    def passes(orig: Any, subclass: bool = False, stateful: bool = False) -> Any:
         """``__iter__`` of DataLoader, or of a subclass that has its own, as a profiled
         pass (NOTE [ Run ])."""
 
@@ -126,6 +128,9 @@ def patch_torch(run: Run) -> None:
                 return orig(loader)
             if subclass and weakable(loader) and loader not in run.loaders.sites:
                 run.loaders.remember_site(loader)  # its __init__ may not be DataLoader's
+            if stateful:
+                index_patch(type(loader))
+                resumes.begin(loader)
             return run.profiled_pass(loader)
 
         __iter__._pipeprof_passes = True  # type: ignore[attr-defined]
@@ -139,10 +144,21 @@ def patch_torch(run: Run) -> None:
         own = vars(cls).get("__iter__")
         if own is None or getattr(own, "_pipeprof_passes", False):
             return
-        run.patches.replace(cls, "__iter__", passes(own, subclass=True))
-        state = vars(cls).get("state_dict")
-        if state is not None and hasattr(cls, "load_state_dict"):
+        state, load = vars(cls).get("state_dict"), vars(cls).get("load_state_dict")
+        stateful = state is not None and load is not None
+        run.patches.replace(cls, "__iter__", passes(own, subclass=True, stateful=stateful))
+        if stateful:
             run.patches.replace(cls, "state_dict", snapshots(state))
+            run.patches.replace(cls, "load_state_dict", loads(load))
+
+    def index_patch(cls: type) -> None:
+        """torchdata's iterators' ``_next_index``, once, at a stateful loader's first pass (the
+        iterator class is defined after the loader's, in its module)."""
+        for klass in cls.__mro__:
+            base = getattr(sys.modules.get(klass.__module__), "_StatefulBaseDataLoaderIter", None)
+            own = vars(base).get("_next_index") if base is not None else None
+            if own is not None and not getattr(own, "_pipeprof_indices", False):
+                run.patches.replace(base, "_next_index", indices(own))
 
     def snapshots(orig: Any) -> Any:
         """A stateful loader's ``state_dict``, timed for its profile (NOTE [ An epoch's
@@ -151,14 +167,63 @@ def patch_torch(run: Run) -> None:
         @functools.wraps(orig)
         def state_dict(loader: Any, *args: Any, **kwargs: Any) -> Any:
             t0 = clock()
+            state = None
             try:
-                return orig(loader, *args, **kwargs)
+                state = orig(loader, *args, **kwargs)
+                return state
             finally:
                 entry = run.loaders.get(id(loader))
                 if entry is not None and entry.prof is not None and not run.stopped:
-                    note_snapshot(entry.prof.session.meta, entry.steps, clock() - t0)
+                    meta = entry.prof.session.meta
+                    note_snapshot(meta, entry.steps, clock() - t0)
+                    if "restore" not in meta:  # NOTE [ Resumes ], case 1
+                        meta["restore"] = resume.restore_facts(loader)
+                    resumes.snapshot(loader, state)
 
         return state_dict
+
+    def loads(orig: Any) -> Any:
+        """A stateful loader's ``load_state_dict``: its next pass resumes (NOTE [ Resumes ])."""
+
+        @functools.wraps(orig)
+        def load_state_dict(loader: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+            got = orig(loader, state, *args, **kwargs)
+            if not run.stopped:
+                resumes.load(loader, state)
+            return got
+
+        return load_state_dict
+
+    def indices(orig: Any) -> Any:
+        """A stateful loader's iterator's ``_next_index``: the index batches of each pass, and
+        the end of a resumed one (NOTE [ Resumes ], case 2)."""
+
+        @functools.wraps(orig)
+        def _next_index(it: Any) -> Any:
+            try:
+                batch = orig(it)
+            except StopIteration:
+                ended(it)
+                raise
+            resumes.next_index(it, batch)
+            return batch
+
+        _next_index._pipeprof_indices = True  # type: ignore[attr-defined]
+
+        def ended(it: Any) -> None:
+            loader = resumes.passes.get(id(it._index_sampler))
+            loader = loader.loader() if loader is not None else None
+            got = resumes.ended(it)
+            entry = run.loaders.get(id(loader)) if loader is not None else None
+            if got is None or entry is None or entry.prof is None:
+                return
+            meta = entry.prof.session.meta
+            meta.setdefault("restore", resume.restore_facts(loader))
+            kept = meta.setdefault("resumes", [])
+            if len(kept) < resume.SNAPSHOTS_KEPT:
+                kept.append(got)
+
+        return _next_index
 
     orig_subclass = DataLoader.__dict__.get("__init_subclass__")
 
