@@ -116,6 +116,31 @@ def test_a_worker_with_no_shard_and_one_with_a_sliver_are_found():
     assert uneven["accounting"]["low"] == [] and "idle-workers" not in ids(uneven)
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_hugging_face_stream_with_one_shard_feeds_one_worker(shards):
+    """A real Hugging Face ``datasets`` stream (``to_iterable_dataset(num_shards=1)``, then
+    ``shuffle()``): datasets stops the second worker, which delivers nothing; the finding says
+    the stream's shard count and the fix for it. Two shards feed both (the near miss)."""
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({"x": list(range(256)), "y": [i % 7 for i in range(256)]})
+    stream = table.to_iterable_dataset(num_shards=shards).shuffle(seed=0, buffer_size=32)
+    loader = DataLoader(stream.with_format("torch"), batch_size=8, num_workers=2)
+    plain = list(loader)
+    prof = pipeprof.Profiler(sample_hz=0)
+    got = list(prof.wrap(loader))
+    assert [b["x"].tolist() for b in got] == [b["x"].tolist() for b in plain]
+    report = prof.report().to_dict()
+    acc = report["accounting"]
+    assert acc["shards"] == shards
+    found = next((f for f in report["findings"] if f["id"] == "idle-workers"), None)
+    if shards == 1:
+        assert acc["silent"] == [1] and acc["delivered"] == {"0": 256}
+        assert "the dataset has 1 shard(s) (num_shards) for 2 workers" in found["message"]
+        assert "to_iterable_dataset(num_shards=2)" in found["fix"]
+    else:
+        assert acc["silent"] == [] and found is None
+
+
 def test_map_style_loaders_and_no_workers_are_accounted_without_findings(monkeypatch):
     """And a distributed rank sketches the indices its first pass read (NOTE [ Index
     sketches ]); a process that is no rank does not."""

@@ -55,6 +55,7 @@ class Accounting(TypedDict):
     sampler: str | None  # the sampler's class (None: an iterable dataset)
     shuffle: bool | None  # whether it shuffles (None: the user's own sampler, not known)
     dataset_len: int | None  # the dataset's stated length (None: no __len__)
+    shards: int | None  # the shards an iterable dataset says it has (Hugging Face's num_shards)
     expected: int | None  # samples a full pass delivers, by the sampler and drop_last
     dropped: int  # indices drop_last leaves out of each epoch
     epochs: list[int]  # samples of each pass that ran to its end
@@ -104,6 +105,7 @@ def accounting(session: Session) -> Accounting | None:
         "sampler": facts.get("kind"),
         "shuffle": shuffle,
         "dataset_len": facts.get("dataset_len"),
+        "shards": facts.get("shards"),
         "expected": _expected(facts),
         "dropped": facts.get("dropped", 0),
         "epochs": [e["samples"] for e in passes],
@@ -276,6 +278,9 @@ def rule_idle_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
         shares = ", ".join(f"worker {i}: {acc['delivered'][str(i)] / total:.0%}" for i in ids)
         message = (f"{shares} of the samples, far below an even share ({1 / n:.0%}): the "
                    "others did its work")  # fmt: skip
+    shards = acc.get("shards")
+    if shards is not None and shards < n:
+        message += f"; the dataset has {shards} shard(s) (num_shards) for {n} workers"
     iterable = bool(report.get("meta", {}).get("iterable"))
     fix = (
         "an IterableDataset whose source has fewer shards than workers (a Hugging Face "
@@ -284,6 +289,8 @@ def rule_idle_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
         "shards, or split the source into more, even shards (Hugging Face: "
         "`to_iterable_dataset(num_shards=...)`); an idle worker costs its memory and start-up "
         "for nothing"
+        + (f"; here: to_iterable_dataset(num_shards={n}) or a multiple of it, or "
+           f"num_workers={shards}" if shards is not None and shards < n else "")
         if iterable
         else "the batches did not reach every worker: check a custom batch_sampler or "
         "worker_init_fn; an idle worker costs its memory and start-up for nothing"

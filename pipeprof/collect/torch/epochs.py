@@ -51,7 +51,8 @@ def sampler_facts(loader: DataLoader) -> dict[str, Any]:  # type: ignore[type-ar
     ``drop_last`` leaves out of an epoch (NOTE [ An epoch's samples ])."""
     facts: dict[str, Any] = {"dataset_len": _length(loader.dataset)}
     if isinstance(loader.dataset, IterableDataset):
-        return {**facts, "kind": None, "shuffle": None, "dropped": 0}
+        return {**facts, "kind": None, "shuffle": None, "dropped": 0,
+                "shards": _shards(loader.dataset)}  # fmt: skip
     sampler = loader.sampler
     kind = type(sampler).__name__
     if isinstance(sampler, DistributedSampler):
@@ -124,6 +125,20 @@ def note_snapshot(meta: dict[str, Any], step: int, ns: int) -> None:
     got["total_ns"] += ns
     if len(got["steps"]) < EPOCHS_KEPT:
         got["steps"].append(step)
+
+
+def _shards(dataset: Any) -> int | None:
+    """The shards a stream says it has (Hugging Face's ``IterableDataset.num_shards``): the
+    most workers it can feed; None where it does not say."""
+    for name in ("num_shards", "n_shards"):
+        got = getattr(type(dataset), name, None)
+        if isinstance(got, property):
+            try:
+                value = getattr(dataset, name)
+            except Exception:
+                return None
+            return value if isinstance(value, int) else None
+    return None
 
 
 def _length(obj: Any) -> int | None:
