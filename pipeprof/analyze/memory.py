@@ -141,4 +141,72 @@ def _duration(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-MEMORY_RULES = [rule_copy_on_read, rule_memory_growth]
+SHM_MARGIN = 0.9  # a configuration fits in this share of /dev/shm's free space
+SHM_STEP_MB = 64  # a larger /dev/shm is given in steps of this
+
+
+def shm_fits(facts: dict[str, Any]) -> dict[str, Any]:
+    """The largest configuration whose batches fit in SHM_MARGIN of /dev/shm's free space
+    (NOTE [ Shared memory ] in collect/torch/shm.py): the most workers (prefetch_factor 1 at
+    least), then the most prefetch for them; else the batch size that fits as configured; and
+    the /dev/shm size that fits the loader as it is."""
+    batch, free = facts["batch_mb"], facts["free_mb"]
+    need, extra = facts["need_mb"], facts["in_flight"] - facts["num_workers"] * facts[
+        "prefetch_factor"]
+    room = SHM_MARGIN * free / batch - extra if batch > 0 else 0.0  # batches that fit
+    workers = min(facts["num_workers"], int(room))
+    prefetch = min(facts["prefetch_factor"], int(room // workers)) if workers >= 1 else 0
+    size = facts.get("batch_size")
+    smaller = int(size * SHM_MARGIN * free / need) if size and need > 0 else 0
+    step = SHM_STEP_MB
+    return {
+        "num_workers": workers if workers >= 1 else None,
+        "prefetch_factor": prefetch if workers >= 1 else None,
+        "batch_size": smaller if smaller >= 1 and smaller < (size or 0) else None,
+        "shm_mb": int(-(-need / SHM_MARGIN // step) * step),
+    }
+
+
+def rule_shm(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """NOTE [ Shared memory ] in collect/torch/shm.py: a loader whose batches in flight do not
+    fit in /dev/shm's free space, or whose worker failed to get shared memory."""
+    shm = (report.get("meta") or {}).get("shm")
+    if not shm:
+        return None
+    failed = shm.get("failed")
+    known = shm.get("need_mb") is not None and shm.get("free_mb") is not None
+    if not failed and (not known or shm["fits"]):
+        return None
+    if known:
+        said = (f"the workers need about {shm['need_mb']:,.0f} MB of shared memory "
+                f"({shm['in_flight']} batches of {shm['batch_mb']:,.1f} MB in flight: "
+                f"{shm['num_workers']} workers × prefetch_factor {shm['prefetch_factor']}, and "
+                f"the one the loop holds) but {shm['path']} had {shm['free_mb']:,.0f} MB free "
+                f"(of {shm['size_mb']:,.0f} MB)")  # fmt: skip
+    else:
+        said = f"a worker could not get shared memory from {shm['path']}"
+    if failed:
+        said += f"; a worker failed: {failed}"
+    fits = shm_fits(shm) if known else None
+    options = []
+    if fits and fits["num_workers"]:
+        options.append(f"num_workers={fits['num_workers']}, "
+                       f"prefetch_factor={fits['prefetch_factor']}")  # fmt: skip
+    if fits and fits["batch_size"]:
+        options.append(f"batch_size={fits['batch_size']}")
+    tried = (" or ".join(options) + " fits; " if options else "")
+    size = f"{fits['shm_mb']}m" if fits else "<more>"
+    return finding(
+        "shm-too-small",
+        "critical" if failed else "warning",
+        None,
+        said,
+        {**shm, "fits_with": fits},
+        f"{tried}or give the container a larger /dev/shm for the loader as it is: `docker run "
+        f"--shm-size={size}`, or in Kubernetes an emptyDir with medium: Memory mounted at "
+        "/dev/shm; sharing strategy 'file_system' uses /dev/shm too "
+        "(docs/findings.md#shm-too-small)",
+    )  # fmt: skip
+
+
+MEMORY_RULES = [rule_copy_on_read, rule_memory_growth, rule_shm]

@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import hdf5, ranks
-from pipeprof.collect.torch import epochs, memory
+from pipeprof.collect.torch import epochs, memory, shm
 from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
 from pipeprof.core.batch import (
     Sketch,
@@ -692,6 +692,7 @@ class ProfiledLoader:
         self._opened: Any = (None, None)  # a pass's torch iterator and short path, for ``open``
         self._starts: list[float] = []  # ms of ``iter()`` per worker it started, each pass
         self._ends = epochs.PassEnds(0)  # when each worker's batches of this pass came
+        self._shm_free: tuple[float, float] | None = None  # NOTE [ Shared memory ] in shm.py
         self.session = session
         session.notes.extend(notes)
         self.device = check_device(device)
@@ -738,6 +739,9 @@ class ProfiledLoader:
         except StopIteration:
             short.left, short.ended = 0, True
             raise
+        except Exception as exc:
+            self._failed(exc)
+            raise
 
     def _short(self, fetch: Any, swaps: bool, short: ShortPass) -> Any:
         """An unprofiled batch outside the comparison (NOTE [ The short path ]); its fetch's
@@ -782,6 +786,8 @@ class ProfiledLoader:
         self._check_fork()
         # NOTE [ An epoch's samples ] in collect/torch/epochs.py: the sampler as this pass starts
         epoch, samples0 = epochs.epoch_of(self.user_loader), self.session.samples
+        # NOTE [ Shared memory ] in shm.py: what /dev/shm has free before the workers write
+        self._shm_free = shm.free_mb() if self.loader.num_workers else None
         self._ends = epochs.PassEnds(clock())
         if self.passes == 1:
             self.session.meta["sampler"] = epochs.sampler_facts(self.user_loader)
@@ -912,6 +918,8 @@ class ProfiledLoader:
                 yield batch
         finally:
             failing = sys.exc_info()[1]  # the loop's own exception, if one is on its way out
+            if failing is not None:
+                self._failed(failing)
             try:
                 self.flush()
                 if failing is None:  # the pass ran to its end (a break closes it: GeneratorExit)
@@ -1101,7 +1109,7 @@ class ProfiledLoader:
             self.last_starved = starved
             s.defer(self._book_off, payload, t0, t1, t_iter, span, starved)
             if not (self.seen - 1) % BYTES_EVERY:  # ``seen`` counts this batch already
-                s.batch_bytes.add(batch_nbytes(carrier.batch))
+                self._bytes(carrier.batch)
             return carrier.batch
         if self.passes > 1:  # NOTE [ Index sketches ] in core/batch.py: the first pass's only
             payload.pop("sketch", None)
@@ -1115,8 +1123,26 @@ class ProfiledLoader:
         first = payload.get("ab") == FIRST if self._ruled else self.seen <= TIMED_FIRST
         s.defer(self._book, payload, t0, t1, t_iter, span, carrier.pin_ns, starved, first)
         if not (self.seen - 1) % BYTES_EVERY:  # ``seen`` counts this batch already
-            s.batch_bytes.add(batch_nbytes(carrier.batch))
+            self._bytes(carrier.batch)
         return carrier.batch
+
+    def _bytes(self, batch: Any) -> None:
+        """A batch's size in bytes, measured; at the profile's first, the shared memory the
+        workers need against what /dev/shm had free (NOTE [ Shared memory ] in shm.py)."""
+        n = batch_nbytes(batch)
+        self.session.batch_bytes.add(n)
+        if self.seen == 1 and self.loader.num_workers:
+            facts = self.session.meta["shm"] = shm.need(self.user_loader, n, self._shm_free)
+            if not facts["fits"]:
+                shm.warn(facts, f"a DataLoader (batch_size={self.user_loader.batch_size})")
+
+    def _failed(self, exc: BaseException) -> None:
+        """An exception on its way to the user: a worker's shared-memory failure is noted
+        (NOTE [ Shared memory ] in shm.py); the exception goes on unchanged."""
+        said = shm.failure(exc) if self.loader.num_workers else None
+        if said is not None:
+            facts = self.session.meta.setdefault("shm", {"path": shm.SHM_PATH})
+            facts.setdefault("failed", said)
 
     def _book(
         self,
