@@ -41,9 +41,11 @@ print("sum", total)
 
 
 def in_small_shm(tmp_path: Path, *args: str, profiled: bool = True):
-    """The script in a mount namespace of its own, with a 64 MB /dev/shm."""
+    """The script (``big.py``: SCRIPT unless the test wrote another) in a mount namespace of
+    its own, with a 64 MB /dev/shm."""
     script = tmp_path / "big.py"
-    script.write_text(SCRIPT)
+    if not script.exists():
+        script.write_text(SCRIPT)
     out = tmp_path / "run.json"
     run = [sys.executable, "-m", "pipeprof", "run", "-o", str(out)] if profiled else [
         sys.executable]
@@ -94,4 +96,68 @@ def test_the_configurations_it_recommends_run_and_are_no_finding(tmp_path, args)
     assert plain.returncode == 0 and done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[0] == plain.stdout.splitlines()[0]
     assert report["meta"]["shm"]["fits"] is True
-    assert shm_finding(report) is None and "shared memory" not in done.stderr
+    assert shm_finding(report) is None and "pipeprof: a DataLoader" not in done.stderr
+
+
+REMOTE = """
+import sys
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Remote(Dataset):
+    '''Each sample waits 20 ms on a read (a remote store), then is 2 MB of floats.'''
+
+    def __len__(self):
+        return 192
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return torch.full((524_288,), float(i))
+
+
+loader = DataLoader(Remote(), batch_size=4, num_workers=int(sys.argv[1]),
+                    persistent_workers=True)
+total = 0.0
+for epoch in range(2):
+    for b in loader:
+        total += float(b[:, 0].sum())
+        time.sleep(0.005)
+print("sum", total)
+"""
+
+
+def test_workers_needed_stops_at_what_shared_memory_holds(tmp_path):
+    """NOTE [ The workers' budget ] in analyze/budget.py: a loop fed by one waiting worker needs
+    13 to keep up; /dev/shm's 64 MB hold the 8 MB batches in flight of 3. The recommendation is
+    3 (shared memory named as the limit), and the what-if rows past 3 say they do not fit. The
+    same report with the machine's available RAM cut to 40 MB is held to RAM's budget instead:
+    (a recorded session's figures, as no test can take the machine's memory away)."""
+    needs_namespace()
+    script = tmp_path / "big.py"
+    script.write_text(REMOTE)
+    done, report = in_small_shm(tmp_path, "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = next(f for f in report["findings"] if f["id"] == "workers-needed")
+    ev = found["evidence"]
+    assert ev["budget"]["shm"] == 3 and ev["budget"]["batch_mb"] == 8
+    assert ev["limited_by"] == "shared memory" and ev["workers_needed"] == 3
+    assert "would not fit in shared memory" in found["message"]
+    assert found["fix"].startswith("DataLoader(num_workers=3) (the most that fit in shared")
+    rows = {w["workers"]: w.get("exceeds") for w in report["what_if"] if w["kind"] == "workers"}
+    assert rows[2] is None and rows[4] == rows[8] == "shared memory"
+
+    from pipeprof.analyze.analysis import assess
+
+    worker_mb = ev["budget"]["worker_mb"]
+    report["host"]["mem_available_mb"] = 2.5 * worker_mb  # room for 2 more workers' USS
+    _, found_again, what_if = assess(report)
+    ram = next(f for f in found_again if f["id"] == "workers-needed")
+    assert ram["evidence"]["budget"]["ram"] == 3  # 1 + int(0.9 * 2.5)
+    report["host"]["mem_available_mb"] = 1.5 * worker_mb  # room for 1 more
+    _, found_again, what_if = assess(report)
+    ram = next(f for f in found_again if f["id"] == "workers-needed")
+    assert ram["evidence"]["limited_by"] == "RAM" and ram["evidence"]["workers_needed"] == 2
+    assert "would not fit in RAM: each worker holds" in ram["message"]
+    assert {w["workers"]: w["exceeds"] for w in what_if if w["kind"] == "workers"}[4] == "RAM"

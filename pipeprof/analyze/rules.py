@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeprof.analyze.accounting import ACCOUNTING_RULES
+from pipeprof.analyze.budget import Budget, budget, memory_cap
 from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor, measured_rate
@@ -372,6 +373,11 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     need = need if need is not None else max(1, math.ceil(target / rate))
     if need <= n:
         return None
+    held = budget(report, int(cores))  # NOTE [ The workers' budget ] in budget.py
+    cap, memory = memory_cap(held)
+    wanted = need
+    if cap is not None and need > cap > n:  # memory holds fewer: the most it holds
+        need = cap
     will = min(target, throughput(model, need))
     evidence = {
         "workers_needed": need,
@@ -383,7 +389,11 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         "samples_per_s_per_worker": round(rate, 1),
         "num_workers": n,
         "cores": cores,
+        "budget": held,
+        "limited_by": memory if wanted > need or (cap is not None and cap <= n) else None,
     }
+    if cap is not None and cap <= n:  # memory holds no more workers than it has
+        return _memory_full(report, facts, evidence, wanted, memory)
     msg = (
         f"with {_workers(need)} the loop would run at about {will:.0f} samples/s"
         f"{with_startup(report, will, now, evidence, need, int(cores))} "
@@ -391,6 +401,8 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         f"data is ready ({floor['compute_ms']:.3g} ms compute, {floor['handover_ms']:.2g} ms "
         f"hand-over); each worker gives {rate:.0f} samples/s"
     )
+    if wanted > need:
+        msg += f"; {_workers(wanted)} would not fit in {_memory_said(held, memory, wanted)}"
     run = evidence.get("predicted_run_samples_per_s") or will
     if (need <= cores - 1 or _waiting_bound(report, int(cores))) and now and run < CPU_GAIN * now:
         # the pool's start-up takes what its rate gives, over a run this short: no promise
@@ -404,7 +416,10 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
                        f"{need}, persistent_workers=True)")  # fmt: skip
     if need <= cores - 1 or _waiting_bound(report, int(cores)):
         fix = f"DataLoader(num_workers={need})"
+        if wanted > need:
+            fix += f" (the most that fit in {memory}; more need {_freed(memory)})"
     else:
+        evidence["limited_by"] = "cores"
         fix = (
             f"{need} workers exceed the {cores} cores: make {facts['limiting']} cheaper "
             f"(it limits the pipeline), cache decoded data, or move augmentation to the GPU"
@@ -412,6 +427,40 @@ def rule_workers_needed(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     if n == 0:
         return _from_no_workers(facts, msg, evidence, fix, will / (now or will))
     return finding("workers-needed", "critical", facts["limiting"], msg, evidence, fix)
+
+
+def _memory_said(held: Budget, memory: str | None, workers: int) -> str:
+    """What ``workers`` workers would need of ``memory``, against what there is."""
+    if memory == "RAM":
+        return (f"RAM: each worker holds {held['worker_mb']:,.0f} MB of its own (USS) and the "
+                f"machine had {held['available_mb']:,.0f} MB available")  # fmt: skip
+    return (f"shared memory: /dev/shm holds the batches in flight ({held['batch_mb']:,.1f} MB "
+            f"each) of {held['shm']} workers")  # fmt: skip
+
+
+def _freed(memory: str | None) -> str:
+    if memory == "RAM":
+        return "less memory a worker (docs/findings.md#copy-on-read) or a larger machine"
+    return "a larger /dev/shm (docs/findings.md#shm-too-small) or smaller batches"
+
+
+def _memory_full(
+    report: dict[str, Any], facts: dict[str, Any], evidence: dict[str, Any], wanted: int,
+    memory: str | None,
+) -> Finding:
+    """Input-bound, and memory holds no more workers than the loader has."""
+    held = evidence["budget"]
+    return finding(
+        "workers-needed",
+        "critical",
+        facts["limiting"],
+        f"the loop needs {_workers(wanted)} to keep up, but {_workers(wanted)} would not fit "
+        f"in {_memory_said(held, memory, wanted)}: no more than the {evidence['num_workers']} "
+        "it has",
+        evidence,
+        f"make {facts['limiting']} cheaper (it limits the pipeline), or make room for more "
+        f"workers: {_freed(memory)}",
+    )
 
 
 STARTUP_SHARE = 0.05  # a start-up from this share of the predicted run is priced in

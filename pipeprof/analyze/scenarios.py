@@ -30,6 +30,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from pipeprof.analyze.budget import budget, limit
 from pipeprof.analyze.loop import loop_floor, measured_rate
 from pipeprof.analyze.verdict import handover_overlapped, other_load
 from pipeprof.analyze.whatif import (
@@ -218,10 +219,12 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
     others = (other_load(report) or {}).get("other_cores", 0.0)
     measured = measured_rate(report["loop"], model.batch_size) if floor else None
     out: list[dict[str, Any]] = []
+    held = budget(report, cores)  # NOTE [ The workers' budget ] in budget.py
     for k in sorted({1, 2, 4, 8, cores, max(1, cores - 1), max(1, n)}):
         res = solve(model, k)
         row = {"kind": "workers", "workers": k, "limit": res["limit"], "basis": basis,
-               "samples_per_s": round(res["samples_per_s"], 1)}  # fmt: skip
+               "samples_per_s": round(res["samples_per_s"], 1),
+               "exceeds": limit(held, k)}  # fmt: skip
         if floor:  # a training loop: the rate it runs at, and the loader's alone, labelled
             row["loader_samples_per_s"] = row["samples_per_s"]
             row["samples_per_s"] = round(loop_rate(model, floor, k, occupied, others), 1)

@@ -167,6 +167,7 @@ def what_if_table(data: dict[str, Any]) -> str:
         f"<tr><td>{w['workers']}</td><td>{num(w.get('samples_per_s'))}"
         + (f" (measured {num(w['measured_samples_per_s'])})"
            if w.get("measured_samples_per_s") else "")
+        + (f" (does not fit in {escape(w['exceeds'])})" if w.get("exceeds") else "")
         + "</td>"
         + (f"<td>{num(w.get('loader_samples_per_s'))}</td>" if loop else "")
         + f"<td>{escape(str(w.get('basis', '')))}</td></tr>"

@@ -342,6 +342,7 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
         f"{w['workers']} → {num(w.get('samples_per_s'))}"
         + (f" (measured {num(w['measured_samples_per_s'])})" if w.get("measured_samples_per_s")
            else "")  # a training loop's row for the workers it ran with
+        + (f" (not in {w['exceeds']})" if w.get("exceeds") else "")
         for w in rows
     )  # fmt: skip
     measured = "CPU share" in (rows[0].get("basis") or "")
