@@ -101,6 +101,10 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="save the main loop's report so far to OUT every this many seconds "
                    "(30; the first 5 s after the first batch), so a killed run leaves its last "
                    "snapshot; the report at the end replaces it; 0 turns it off")  # fmt: skip
+    p.add_argument("--hang-s", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="a wait for one batch this long (and 10x the longest gap before it) is "
+                   "recorded as a hang: each worker's stage and stack in the report, a line on "
+                   "stderr, a snapshot to OUT; the run goes on (60; 0 turns it off)")  # fmt: skip
     p.add_argument("--no-regions", action="store_true",
                    help="no Forward/Backward/Optimizer regions (no torch hooks)")  # fmt: skip
     p.add_argument("--nvtx", action="store_true",
@@ -121,7 +125,7 @@ def _run_parser() -> argparse.ArgumentParser:
 # options that take a value: the script starts after it
 _RUN_VALUED = {
     "-o", "--out", "--html", "--trace", "--batches", "--sample-hz", "--stage-every", "--log-to",
-    "--snapshot-s",
+    "--snapshot-s", "--hang-s",
 }  # fmt: skip
 _LOG_OPTION = {"tensorboard": "log_dir", "mlflow": "tracking_uri", "wandb": "project"}
 
@@ -472,7 +476,7 @@ def cmd_run(argv: list[str]) -> int:
     run = runner.Run(
         batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions,
         nvtx=opts.nvtx, stage_every=opts.stage_every, snapshot=opts.out,
-        snapshot_s=opts.snapshot_s,
+        snapshot_s=opts.snapshot_s, hang_s=opts.hang_s,
     )  # fmt: skip
     run.on_stop = lambda: outputs.run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: outputs.job_outputs(run, opts)

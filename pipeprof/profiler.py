@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeprof.collect import ranks
 from pipeprof.collect.comm import CommClock, time_ddp
-from pipeprof.collect.loop import GenericSource, StepLog, run_alone
+from pipeprof.collect.loop import HANG_S, GenericSource, StepLog, run_alone
 from pipeprof.collect.machine import core_scaling
 from pipeprof.collect.timer import Backend, Timer
 from pipeprof.core.batch import batch_size
@@ -163,6 +163,10 @@ class Profiler:
             batches or more; the others run unprofiled and the stage totals are scaled to every
             sample); 1 times every batch, its regions then costing 8 times as much
             (docs/validation/overhead.md).
+        hang_s: a DataLoader's wait for one batch this long, and 10 times the longest gap
+            between batches before it, is recorded as a hang: where each worker is, with its
+            stack, in the report, a line on stderr, and a snapshot to ``stream`` (the job goes
+            on); 0 turns it off (docs/findings.md#loop-hang).
     """
 
     def __init__(
@@ -179,9 +183,15 @@ class Profiler:
         event_factory: Callable[[], Any] | None = None,
         nvtx: bool = False,
         stage_every: int = STAGE_EVERY,
+        hang_s: float = HANG_S,
     ) -> None:
         cpu0 = time.thread_time_ns()  # this thread's CPU here, as in start(): costs["control_ns"]
         _check_stage_every(stage_every)
+        if isinstance(hang_s, bool) or not isinstance(hang_s, (int, float)) or not hang_s >= 0:
+            raise ValueError(
+                f"hang_s must be a number of seconds >= 0 (a wait for one batch at least this "
+                f"long is recorded as a hang; 0 turns that off), got {hang_s!r}"
+            )
         if isinstance(sample_hz, bool) or not isinstance(sample_hz, (int, float)) or sample_hz < 0:
             raise ValueError(
                 f"sample_hz must be a number >= 0 (samples per second; 0 turns the GPU and host "
@@ -202,6 +212,10 @@ class Profiler:
         self.flush_s = flush_s
         self.replay_batches = replay
         self.stage_every = stage_every
+        self.hang_s = hang_s
+        # called from the hang watchdog's thread once it has recorded a hang (NOTE [ Hangs ] in
+        # collect/torch/hangs.py): a snapshot of the report so far
+        self.on_hang: Callable[[], None] | None = None
         self._nvml_module = nvml
         self.session = Session(mode="loop")
         self._steps_log = StepLog(self.session)
@@ -322,6 +336,10 @@ class Profiler:
         s.overhead_ns = measure_overhead()  # after the loop: calibrating is not the loop's time
         s.meta["core_scaling"] = core_scaling()  # cached per machine (collect/machine.py)
         self._collect_samplers()
+        for _, twin in self._twins:  # NOTE [ Hangs ] in collect/torch/hangs.py: the watchdogs
+            stop_watch = getattr(twin, "stop_watch", None)
+            if stop_watch is not None:
+                stop_watch()
         self._twins.clear()  # lets persistent workers of the profiled twins shut down
         payload = recorder().drain()
         if payload["events"]:
@@ -412,8 +430,10 @@ class Profiler:
                 if loader is data:
                     return twin  # type: ignore[no-any-return]
             twin = ProfiledLoader(
-                data, self.session, device, ranges=self._ranges, stage_every=self.stage_every
+                data, self.session, device, ranges=self._ranges, stage_every=self.stage_every,
+                hang_s=self.hang_s,
             )
+            twin.on_hang = self._hang_snapshot
             self._twins.append((data, twin))
             return twin
         if is_tf_dataset(data):
@@ -734,6 +754,14 @@ class Profiler:
             s.save(path, spans=SNAPSHOT_SPANS, note=note)
         finally:
             s.interrupted = was
+
+    def _hang_snapshot(self) -> None:
+        """A hang was recorded (NOTE [ Hangs ] in collect/torch/hangs.py): the report so far to
+        ``stream``, or to what the owner (``pipeprof run``) asked for."""
+        if self.on_hang is not None:
+            self.on_hang()
+        elif self.stream is not None:
+            self.snapshot(self.stream)
 
     def _save_stream(self) -> None:
         """Save the session to ``stream`` (all of it: the loop is over). A write that fails

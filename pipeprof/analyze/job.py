@@ -116,6 +116,7 @@ def job_dict(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     out["what_if"] = kept_up(rows, out["samples_per_s"])
     out["same_samples"] = same_samples(ranks)
     out["ran_out"] = ran_out(rows)
+    out["stopped_first"] = stopped_first(ranks)
     out["notes"] = _notes(out)
     out["headline"] = _headline(out)
     return out
@@ -230,6 +231,49 @@ def ran_out(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+WAITING = ("collective", "backward")  # where a rank waits for the others (DDP's all-reduce)
+
+
+def stopped_first(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
+    """NOTE [ Hangs ] in collect/torch/hangs.py, ranks: of the ranks that stopped making
+    progress (``meta.hang``: waiting for a batch; ``meta.stall``: no batch, the training thread
+    elsewhere), the one that stopped first: one stuck in its own code or its data while others
+    wait for it in a collective (or a backward pass, where DDP waits for its all-reduce), the
+    earliest last batch among them; where every stalled rank waits on the others, a rank that
+    recorded no stall (it never reached the collective). None where no rank stalled."""
+    stalls: dict[int, dict[str, Any]] = {}
+    for _, rep in ranks:
+        meta = rep.get("meta") or {}
+        rank = meta["rank"]["rank"]
+        hang, stall = meta.get("hang"), meta.get("stall")
+        if hang:
+            who = next((w for w in hang["workers"] if w["waited_for"]), None) or hang.get("main")
+            stalls[rank] = {"in": "data", "at": (who or {}).get("at"),
+                            "stalled_s": hang.get("resumed_s") or hang["waited_s"],
+                            "last_batch_unix": hang.get("last_batch_unix")}  # fmt: skip
+        elif stall:
+            stalls[rank] = {k: stall.get(k) for k in ("in", "at", "stalled_s", "last_batch_unix")}
+    if not stalls:
+        return None
+    own = [r for r, s in stalls.items() if s["in"] not in WAITING]
+    quiet = sorted({_rank_of(rep) for _, rep in ranks} - set(stalls))
+    if own:
+        first = min(own, key=lambda r: (stalls[r]["last_batch_unix"] or 0.0, r))
+        found: dict[str, Any] = {"rank": first, **stalls[first]}
+    elif quiet:
+        found = {"rank": quiet[0], "in": None, "at": None, "stalled_s": None,
+                 "last_batch_unix": None}  # fmt: skip
+    else:
+        first = min(stalls, key=lambda r: (stalls[r]["last_batch_unix"] or 0.0, r))
+        found = {"rank": first, **stalls[first]}
+    found["waiting"] = {str(r): s["in"] for r, s in sorted(stalls.items()) if r != found["rank"]}
+    return found
+
+
+def _rank_of(rep: dict[str, Any]) -> int:
+    return int(rep["meta"]["rank"]["rank"])
+
+
 def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Pairs of ranks whose first passes read the same samples: ``{ranks, overlap, by}``, the
     largest overlap first; ``by`` "indices" (a map-style dataset's, NOTE [ Index sketches ] in
@@ -298,10 +342,35 @@ def _notes(job: dict[str, Any]) -> list[str]:
             "next collective, or hang. Give each rank an even share (DistributedSampler pads "
             "the last one), or join uneven inputs (torch.distributed.algorithms.Join)"
         )
+    stop = job.get("stopped_first")
+    if stop:
+        notes.append(_stopped_message(stop))
     bad = [str(r["rank"]) for r in job["ranks"] if r["interrupted"]]
     if bad:
         notes.append(f"interrupted (partial) report from rank {', '.join(bad)}")
     return notes
+
+
+_IN = {"code": "in its own code", "data": "waiting for its data",
+       "collective": "in a collective", "backward": "in a backward pass (DDP's all-reduce)"}
+
+
+def _stopped_message(stop: dict[str, Any]) -> str:
+    """NOTE [ Hangs ], ranks: the rank that stopped progressing first, and where."""
+    said = f"rank {stop['rank']} stopped progressing first"
+    if stop["in"] is None:
+        said += " (it recorded no stall: it never reached the collective the others wait in)"
+    else:
+        said += f", {_IN.get(stop['in'], stop['in'])}"
+        if stop.get("at"):
+            said += f" at {stop['at']}"
+        if stop.get("stalled_s"):
+            said += f", for {stop['stalled_s']:.0f} s"
+    waiting = stop.get("waiting") or {}
+    if waiting:
+        said += "; " + ", ".join(f"rank {r} then waited {_IN.get(k, k)}"
+                                 for r, k in waiting.items())  # fmt: skip
+    return said
 
 
 def _headline(job: dict[str, Any]) -> str:
@@ -310,6 +379,8 @@ def _headline(job: dict[str, Any]) -> str:
     head = f"{len(job['ranks'])} of {job['world_size']} ranks"
     if pe is not None:
         head += f", parallel efficiency {pe:.0%}"
+    if job.get("stopped_first"):
+        return f"{head}: {_stopped_message(job['stopped_first'])}"
     if job.get("same_samples"):
         return f"{head}: {_same_message(job)}"
     if job["stragglers"]:

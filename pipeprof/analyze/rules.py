@@ -13,6 +13,7 @@ from typing import Any
 from pipeprof.analyze.accounting import ACCOUNTING_RULES
 from pipeprof.analyze.budget import Budget, budget, memory_cap
 from pipeprof.analyze.finding import Finding, Severity, finding
+from pipeprof.analyze.hangs import HANG_RULES
 from pipeprof.analyze.hdf5 import H5_RULES
 from pipeprof.analyze.loop import loop_floor, measured_rate
 from pipeprof.analyze.memory import MEMORY_RULES
@@ -907,5 +908,6 @@ RULES: list[Rule] = [
     *H5_RULES,  # h5py reads (hdf5.py); None without them
     *ACCOUNTING_RULES,  # the workers' samples (accounting.py)
     *MEMORY_RULES,  # the workers' memory (memory.py)
+    *HANG_RULES,  # a wait for one batch far past any other (hangs.py)
     rule_overhead,  # last: within a severity, pipeprof's own measurement after the pipeline's
 ]

@@ -62,7 +62,7 @@ from pipeprof.attach.labels import PIPEPROF_DIR, Loader, Loaders
 from pipeprof.attach.passes import Inside
 from pipeprof.attach.patches import PATCHES, Patches
 from pipeprof.attach.regions import REGIONS_EVERY, REGIONS_FIRST, StepRegions
-from pipeprof.collect.loop import StepLog
+from pipeprof.collect.loop import HANG_S, StepLog
 from pipeprof.core.recorder import STAGE_EVERY, clock
 from pipeprof.profiler import Profiler
 from pipeprof.report import Report
@@ -187,8 +187,10 @@ class Run:
         stage_every: int = STAGE_EVERY,
         snapshot: str | None = None,
         snapshot_s: float = SNAPSHOT_S,
+        hang_s: float = HANG_S,
     ) -> None:
         self.batches = batches
+        self.hang_s = hang_s  # NOTE [ Hangs ] in collect/torch/hangs.py
         self.nvtx = nvtx  # NVTX ranges (collect/ranges.py)
         # NOTE [ Snapshots ] in profiler.py: the main loop's session saved there every
         # ``snapshot_s`` seconds while it runs (the first SNAPSHOT_FIRST_S after its first batch)
@@ -296,9 +298,22 @@ class Run:
         self.snapshot_ns += clock() - t0
         main.session.costs["snapshot_ns"] = self.snapshot_ns
 
+    def _hang_snapshot(self) -> None:
+        """A loader's hang was recorded (NOTE [ Hangs ] in collect/torch/hangs.py), from the
+        watchdog's thread while the loop waits: the main loop's snapshot, now."""
+        used = [e for e in self.loaders.values() if e.prof is not None]
+        if not used or os.getpid() != self.pid or self.snapshot_path is None:
+            return
+        main = max(used, key=lambda e: (not e.nested_in, e.session.loop.steps
+                                        if e.session.loop else 0))  # fmt: skip
+        assert main.prof is not None
+        main.prof.snapshot(self.snapshot_path, self.samplers.running, note=SNAPSHOT_NOTE)
+
     def _profiler(self, label: str, site: str) -> Profiler:
         """A new loader's own Profiler (NOTE [ Run ])."""
-        prof = Profiler(sample_hz=0, nvtx=self.nvtx, stage_every=self.stage_every)
+        prof = Profiler(sample_hz=0, nvtx=self.nvtx, stage_every=self.stage_every,
+                        hang_s=self.hang_s)  # fmt: skip
+        prof.on_hang = self._hang_snapshot
         prof.session.meta["run_loader"] = {"label": label, "site": site}
         return prof
 

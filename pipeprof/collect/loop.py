@@ -41,6 +41,7 @@ from pipeprof.core.session import STEP_PARTS, LoopRecord, Session
 from pipeprof.core.stats import Stat
 
 FOLD_EVERY = 4096  # steps between folds of per-step values into Stats
+HANG_S = 60.0  # the least wait for a batch that is a hang (NOTE [ Hangs ] in torch/hangs.py)
 _SPAN_KEYS = {k: f"region/{k}" for k in ("Forward", "Backward", "Optimizer")}
 
 

@@ -10,6 +10,7 @@ long its loop took to ``FILE.rank<N>.json``: the truth the tests compare pipepro
 import argparse
 import json
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -50,8 +51,12 @@ def main():
     p.add_argument("--no-sampler", action="store_true", help="every rank reads the whole dataset")
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--stuck-rank", type=int, default=-1,
+                   help="this rank sleeps --stuck-s before its 6th step's all-reduce")
+    p.add_argument("--stuck-s", type=float, default=300.0)
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="the collectives' timeout")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -79,6 +84,8 @@ def main():
         loss.backward()
         opt.step()
         time.sleep(args.step_ms / 1000)  # the model's compute, made known
+        if steps == 5 and rank == args.stuck_rank:
+            time.sleep(args.stuck_s)  # never reaches the all-reduce below (in time)
         if args.collective:
             dist.all_reduce(loss.detach().clone())
         steps += 1

@@ -30,6 +30,7 @@ batches of an epoch, until every worker has delivered one, are start-up and kept
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import inspect
@@ -37,8 +38,11 @@ import linecache
 import multiprocessing
 import os
 import resource
+import shutil
 import statistics
 import sys
+import tempfile
+import threading
 import time
 import weakref
 from array import array
@@ -50,7 +54,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import hdf5, ranks
-from pipeprof.collect.torch import epochs, memory, shm
+from pipeprof.collect.loop import HANG_S
+from pipeprof.collect.torch import epochs, hangs, memory, shm
 from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
 from pipeprof.core.batch import (
     Sketch,
@@ -530,8 +535,10 @@ class WorkerInit:
         # the transforms timed in place, with the dataset in that pickle (NOTE [ Transforms
         # timed in place ] in collect/torch/dataset.py)
         self.marks = marks or []
+        self.stacks: str | None = None  # NOTE [ Hangs ] in hangs.py: the stack files' folder
 
     def __call__(self, worker_id: int) -> None:
+        hangs.ready_stacks(self.stacks)
         _install_fetcher()  # a spawned worker: before torch makes its fetcher
         apply_marks(self.marks)  # a spawned worker's objects (a fork's are marked already)
         rec = recorder()
@@ -663,9 +670,17 @@ class ProfiledLoader:
         ranges: Any = None,
         limit: int | None = None,
         stage_every: int = STAGE_EVERY,
+        hang_s: float | None = HANG_S,
     ) -> None:
         t0 = clock()
         self.user_loader = loader
+        # NOTE [ Hangs ] in hangs.py: the watchdog's threshold, what it reads of the pass, and
+        # what it calls once it has recorded a hang (the owner's snapshot)
+        self.hang_s = hang_s
+        self.thread_id: int | None = None
+        self.on_hang: Callable[[], None] | None = None
+        self._current: Any = None  # the pass's torch iterator, by a weak reference
+        self._watchdog: hangs.Watchdog | None = None
         self.stage_every = stage_every  # NOTE [ Unprofiled batches ]
         self.seen = 0  # batches yielded over all passes
         # the workers tell the profile's first batches (arm FIRST), else the count of them does;
@@ -806,12 +821,14 @@ class ProfiledLoader:
                 self._arm_workers()
                 if self.session.meta.get("multiprocessing_context") == "fork":
                     _cache_own_source()
+            self._watch()  # NOTE [ Hangs ] in hangs.py
             t_iter = clock()
             before = rec.enter(mine)
             try:
                 it = iter(self.loader)
             finally:
                 rec.leave(before)
+            self._current = weakref.ref(it)
             started_ns = clock() - t_iter  # the workers forked: noted at the first batch
             span = WAIT_SPAN.format(type(it).__name__)
             fetch = it.__next__
@@ -932,6 +949,7 @@ class ProfiledLoader:
                 self.session.notes.append(f"pipeprof: the end of this pass failed too ({exc!r})")
             finally:
                 rec.end()
+                self.stop_watch()  # NOTE [ Hangs ] in hangs.py
                 if h5:
                     hdf5.uninstall()
 
@@ -1136,6 +1154,28 @@ class ProfiledLoader:
             if not facts["fits"]:
                 shm.warn(facts, f"a DataLoader (batch_size={self.user_loader.batch_size})")
 
+    def _watch(self) -> None:
+        """NOTE [ Hangs ] in hangs.py: the training thread, the workers' stack files and the
+        pass's watchdog."""
+        self.thread_id = threading.get_ident()
+        if not self.hang_s:
+            return
+        init = self.loader.worker_init_fn
+        if self.loader.num_workers and isinstance(init, WorkerInit):
+            init.stacks = _stack_folder()
+        self.stop_watch()
+        self._watchdog = hangs.watch(self, self.hang_s, _stack_folder())
+
+    def stop_watch(self) -> None:
+        """The pass is over: its hang watchdog stops (NOTE [ Hangs ] in hangs.py)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+
+    def current(self) -> Any:
+        """The pass's torch iterator, while it lives (NOTE [ Hangs ] in hangs.py)."""
+        return self._current() if self._current is not None else None
+
     def _failed(self, exc: BaseException) -> None:
         """An exception on its way to the user: a worker's shared-memory failure is noted
         (NOTE [ Shared memory ] in shm.py); the exception goes on unchanged."""
@@ -1276,6 +1316,18 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 # dropping a generator did. Not with persistent workers (the twin keeps its iterator from pass
 # to pass, so a pass left early would end only at the next one), nor with an iterator class
 # whose ``__next__`` is not torch's: those passes are generators, as ``Profiler.wrap``'s are.
+_STACKS: list[str] = []  # NOTE [ Hangs ] in hangs.py: the process's folder for stack files
+
+
+def _stack_folder() -> str:
+    """The folder the workers' stack files go to: one a process, removed at its exit."""
+    if not _STACKS:
+        folder = tempfile.mkdtemp(prefix="pipeprof-stacks-")
+        atexit.register(shutil.rmtree, folder, True)
+        _STACKS.append(folder)
+    return _STACKS[0]
+
+
 def _answerable(it: Any) -> bool:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
