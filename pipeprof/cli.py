@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import math
 import os
@@ -60,6 +61,23 @@ def _parser() -> argparse.ArgumentParser:
         help="output format (default: from -o's extension, else text)",
     )
     c.add_argument("-o", "--output", default=None, help="write here instead of standard output")
+    c.add_argument("--fail-if", action="append", default=[], metavar="CONDITION",
+                   help="a regression gate: exit 1 when METRIC OP VALUE holds, e.g. "
+                   "'throughput < -5%%' (a change from BEFORE), 'wait_fraction > 0.3' (AFTER's "
+                   "own figure); repeatable (docs/gate.md)")  # fmt: skip
+    c.add_argument("--strict", action="store_true",
+                   help="with --fail-if: a change within the runs' noise fails too")  # fmt: skip
+    k = sub.add_parser("check", help="a regression gate on one report against fixed budgets: "
+                       "pipeprof check run.json --max wait_fraction=0.1")  # fmt: skip
+    k.add_argument("report", help="the report (JSON from report.save or -o)")
+    k.add_argument("--max", action="append", default=[], metavar="METRIC=VALUE",
+                   help="exit 1 when METRIC is above VALUE; repeatable")  # fmt: skip
+    k.add_argument("--min", action="append", default=[], metavar="METRIC=VALUE",
+                   help="exit 1 when METRIC is below VALUE; repeatable")  # fmt: skip
+    k.add_argument("--fail-if", action="append", default=[], metavar="CONDITION",
+                   help="exit 1 when METRIC OP VALUE holds (VALUE unsigned); "
+                   "repeatable")  # fmt: skip
+    k.add_argument("--format", choices=("text", "json"), default="text", help="output format")
     m = sub.add_parser("merge", help="one job report from the per-rank reports of a "
                        "distributed run: pipeprof merge run.rank*.json -o job.json")  # fmt: skip
     m.add_argument("files", nargs="+", help="the reports each rank wrote (run.rank0.json ...)")
@@ -355,14 +373,57 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from pipeprof.analyze import gate
     from pipeprof.report import compare
 
     fmt = _format(args, ("text", "json", "html"))
+    if args.fail_if:  # NOTE [ The gate ] in analyze/gate.py: read them before the files
+        conditions = [gate.parse(c) for c in args.fail_if]
     comparison = compare(args.before, args.after)
+    if args.fail_if:
+        return _gate(comparison.to_dict(), conditions, args.strict, fmt, args.output)
     if fmt == "text" and not args.output:
         Console().print(comparison)
         return 0
     return _write(comparison.render(fmt), args.output)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """One report against fixed budgets (NOTE [ The gate ] in analyze/gate.py)."""
+    from pipeprof.analyze import gate
+    from pipeprof.report import compare
+
+    conditions = [gate.budget(t, "max") for t in args.max]
+    conditions += [gate.budget(t, "min") for t in args.min]
+    for text in args.fail_if:
+        cond = gate.parse(text)
+        if cond["change"]:
+            raise gate.GateError(f"{text!r}: check reads one report, so no change (+/-): "
+                                 "compare two with pipeprof compare --fail-if")  # fmt: skip
+        conditions.append(cond)
+    if not conditions:
+        raise gate.GateError("nothing to check: give --max METRIC=VALUE, --min METRIC=VALUE or "
+                             "--fail-if CONDITION (docs/gate.md)")  # fmt: skip
+    comparison = compare(args.report, args.report)  # each figure's "after" is the report's
+    return _gate(comparison.to_dict(), conditions, False, args.format, None, one=True)
+
+
+def _gate(comparison: dict[str, Any], conditions: list[dict[str, Any]], strict: bool,
+          fmt: str, output: str | None, one: bool = False) -> int:  # fmt: skip
+    """The gate's table or JSON, and its exit code: 0 passed, 1 failed (docs/gate.md)."""
+    from pipeprof.analyze import gate
+    from pipeprof.render import gate as shown
+
+    result = gate.evaluate(comparison, conditions, strict, one)
+    if fmt == "json":
+        _write(shown.as_json(result), output)
+    elif output:
+        console = Console(record=True, width=100, file=io.StringIO())
+        console.print(shown.table(result))
+        _write(console.export_text(), output)
+    else:
+        Console().print(shown.table(result))
+    return 0 if result["passed"] else 1
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -520,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args)
         if args.command == "merge":
             return cmd_merge(args)
+        if args.command == "check":
+            return cmd_check(args)
         return cmd_report(args)
     except KeyboardInterrupt:
         error("interrupted")

@@ -77,3 +77,14 @@ def test_the_check_fails_without_a_report(tmp_path):
     case = report["runs"][0]["testcases"][0]
     assert case["result"] == "fail" and case["fail_phase"] == "sanity"
     assert "no pipeprof report in run.json" in case["fail_reason"]
+
+
+def test_the_check_fails_when_pipeprofs_gate_does(tmp_path):
+    """The check runs ``pipeprof check`` on the report with its ``gate`` budgets: a budget the
+    run cannot meet (no worker: the loop waits for most of its time) fails sanity, naming it."""
+    opts = "--images 64 --batch-size 16 --workers 0"
+    ran, report = reframe(tmp_path, f"script_opts={opts}", "gate=--max wait_fraction=0.01")
+    assert ran.returncode != 0
+    case = report["runs"][0]["testcases"][0]
+    assert case["result"] == "fail" and case["fail_phase"] == "sanity"
+    assert "pipeprof's gate failed: ['wait_fraction > 0.01']" in case["fail_reason"]

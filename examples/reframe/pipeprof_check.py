@@ -51,6 +51,9 @@ class PipelineThroughputCheck(rfm.RunOnlyRegressionTest):
     script_opts = variable(str, value="--images 64 --batch-size 16 --workers 1")
     #: the stage that limits throughput, read from the report ("" when data kept up)
     limiting_stage = variable(str, value="")
+    #: pipeprof's regression gate on the report (``pipeprof check``, docs/gate.md): fixed
+    #: budgets the run must meet, beside ReFrame's references; "" checks none
+    gate = variable(str, value="--max overhead_fraction=0.1")
 
     # Your systems' baselines go first: more than 10 % below them fails. The values here are
     # placeholders for a system named "mycluster"; everywhere else the figures are recorded in
@@ -72,6 +75,9 @@ class PipelineThroughputCheck(rfm.RunOnlyRegressionTest):
     def set_command(self):
         self.executable = self.pipeprof
         self.executable_opts = ["run", "--out", "run.json", self.script, *self.script_opts.split()]
+        if self.gate:  # the gate's verdict as JSON; the sanity check reads it
+            self.postrun_cmds = [f"{self.pipeprof} check run.json {self.gate} --format json "
+                                 "> gate.json || true"]  # fmt: skip
 
     @run_before("sanity")
     def read_report(self):
@@ -83,6 +89,13 @@ class PipelineThroughputCheck(rfm.RunOnlyRegressionTest):
             self.report = {}
         verdict = self.report.get("verdict") or {}
         self.limiting_stage = verdict.get("stage") or ""
+        self.gate_result = {"passed": True, "failed": []}
+        if self.gate:
+            try:
+                with open(os.path.join(self.stagedir, "gate.json")) as f:
+                    self.gate_result = json.load(f)
+            except (OSError, ValueError):
+                self.gate_result = {"passed": False, "failed": ["no gate.json: see stderr"]}
 
     @sanity_function
     def profiled_loop(self):
@@ -95,6 +108,8 @@ class PipelineThroughputCheck(rfm.RunOnlyRegressionTest):
             sn.assert_gt(loop.get("steps") or 0, 0, msg="pipeprof saw no training step"),
             sn.assert_true(self.limiting_stage in ("", *stages),
                            msg="the limiting stage {0} is not a stage of the report"),
+            sn.assert_true(self.gate_result["passed"],
+                           msg=f"pipeprof's gate failed: {self.gate_result['failed']}"),
         ])  # fmt: skip
 
     def _loop(self, *keys):
