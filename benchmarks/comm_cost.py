@@ -1,4 +1,4 @@
-"""What timing DDP's all-reduce costs per step (docs/distributed.md).
+"""What timing DDP's all-reduce costs per step (docs/validation/distributed.md).
 
 Side by side, in one process (a gloo group of one rank, CPU): the same DDP training step under
 ``pipeprof.Profiler`` with DDP's built-in (C++) all-reduce, with torch's Python

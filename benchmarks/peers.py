@@ -1,5 +1,5 @@
-"""pipeprof side by side with its peers: what each costs the same loop (issue 38; docs/cost.md
-"What it costs").
+"""pipeprof side by side with its peers: what each costs the same loop (issue 38;
+docs/validation/cost.md, "Beside other tools: the peers benchmark").
 
 Each round runs every tool on a workload of benchmarks/peer_loops.py, each in a process of its
 own, the order turned each round: ``plain``; ``run`` (``pipeprof run`` on the plain script);

@@ -89,7 +89,7 @@ def test_py_function_stages_add_up_to_the_plain_pipelines_time():
     the body, 0.8-1 ms a call on this VM; an empty body costs 0.24 ms). So the truth for a
     ``py_function`` stage is the time the pipeline spends in it: the stages' sum against the
     plain pipeline's time per element, where nothing else costs more than the Range and the
-    batching (docs/tfdata.md, Precision)."""
+    batching (docs/validation/tfdata.md, Precision)."""
 
     def make():
         return (tf.data.Dataset.range(100000).map(costly("a3", 3.0))

@@ -153,7 +153,7 @@ def rule_read_amplification(report: dict[str, Any], facts: dict[str, Any]) -> Fi
 
 def _amplified(r: dict[str, Any]) -> bool:
     """Amplified, and the amplification is real: a filtered chunk is decoded whole; an
-    unfiltered chunk larger than the cache is read only where selected (docs/hdf5.md)."""
+    unfiltered chunk larger than the cache is read only where selected (docs/validation/hdf5.md)."""
     amp = r.get("decoded_amplification")
     if amp is None or amp < AMPLIFICATION or not r.get("chunk_bytes"):
         return False
