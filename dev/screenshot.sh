@@ -20,4 +20,5 @@ chromium=${PIPEPROF_CHROMIUM:-/usr/bin/chromium}
 "$chromium" --headless --no-sandbox --disable-gpu --hide-scrollbars --no-first-run \
   --disable-background-networking --window-size=1000,1500 \
   --screenshot="$PWD/$out/report.png" "file://$tmp/report.html" > /dev/null 2>&1
-echo "wrote $out/summary.txt and $out/report.png"
+.venv/bin/python dev/live_screen.py "$out/live.txt"  # the live panel, mid-run
+echo "wrote $out/summary.txt, $out/report.png and $out/live.txt"

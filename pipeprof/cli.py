@@ -119,6 +119,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="save the main loop's report so far to OUT every this many seconds "
                    "(30; the first 5 s after the first batch), so a killed run leaves its last "
                    "snapshot; the report at the end replaces it; 0 turns it off")  # fmt: skip
+    p.add_argument("--live", action="store_true",
+                   help="a panel in the terminal, refreshed once a second while the script "
+                   "trains (stdout and stderr a terminal; docs/live.md)")  # fmt: skip
     p.add_argument("--hang-s", type=_seconds, default=60.0, metavar="SECONDS",
                    help="a wait for one batch this long (and 10x the longest gap before it) is "
                    "recorded as a hang: each worker's stage and stack in the report, a line on "
@@ -537,7 +540,7 @@ def cmd_run(argv: list[str]) -> int:
     run = runner.Run(
         batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions,
         nvtx=opts.nvtx, stage_every=opts.stage_every, snapshot=opts.out,
-        snapshot_s=opts.snapshot_s, hang_s=opts.hang_s,
+        snapshot_s=opts.snapshot_s, hang_s=opts.hang_s, live=opts.live,
     )  # fmt: skip
     run.on_stop = lambda: outputs.run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: outputs.job_outputs(run, opts)

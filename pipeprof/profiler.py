@@ -163,6 +163,10 @@ class Profiler:
             batches or more; the others run unprofiled and the stage totals are scaled to every
             sample); 1 times every batch, its regions then costing 8 times as much
             (docs/validation/overhead.md).
+        live: show a panel in the terminal, refreshed once a second while the loop runs
+            (throughput, the wait's share, the limiting stage, each worker's CPU, GPU and host;
+            docs/live.md), where stdout and stderr are a terminal; the script's output scrolls
+            above it.
         hang_s: a DataLoader's wait for one batch this long, and 10 times the longest gap
             between batches before it, is recorded as a hang: where each worker is, with its
             stack, in the report, a line on stderr, and a snapshot to ``stream`` (the job goes
@@ -184,6 +188,7 @@ class Profiler:
         nvtx: bool = False,
         stage_every: int = STAGE_EVERY,
         hang_s: float = HANG_S,
+        live: bool = False,
     ) -> None:
         cpu0 = time.thread_time_ns()  # this thread's CPU here, as in start(): costs["control_ns"]
         _check_stage_every(stage_every)
@@ -216,6 +221,8 @@ class Profiler:
         # called from the hang watchdog's thread once it has recorded a hang (NOTE [ Hangs ] in
         # collect/torch/hangs.py): a snapshot of the report so far
         self.on_hang: Callable[[], None] | None = None
+        self.live = live
+        self._live: Any = None  # the live view while it shows (attach/live.py)
         self._nvml_module = nvml
         self.session = Session(mode="loop")
         self._steps_log = StepLog(self.session)
@@ -305,14 +312,35 @@ class Profiler:
             from pipeprof.collect.samplers import HostSampler
 
             self._samplers.append(HostSampler(hz=self.sample_hz).start())
+        if self.live:  # NOTE [ The live view ] in collect/live.py
+            from pipeprof.attach.live import LiveView
+
+            view = LiveView(lambda: self.loaders, self.gpu_latest)
+            self._live = view if view.start() else None
         s.add_cost("control_ns", time.thread_time_ns() - cpu0)
         return self
+
+    @property
+    def loaders(self) -> list[Any]:
+        """The profiled DataLoaders (each a twin of one of the user's), for the live view."""
+        return [twin for _, twin in self._twins]
+
+    def gpu_latest(self) -> list[tuple[Any, Any]]:
+        """The GPU sampler's latest (utilisation %, memory used MB) per device; [] without."""
+        for sampler in self._samplers:
+            latest = getattr(sampler, "latest", None)
+            if latest is not None:
+                return latest()  # type: ignore[no-any-return]
+        return []
 
     def stop(self, interrupted: bool = False) -> None:
         if not self._running:
             return
         cpu0 = time.thread_time_ns()
         self._running = False
+        if self._live is not None:  # the panel goes before the report prints
+            self._live.stop()
+            self._live = None
         if self._ranges is not None:
             from pipeprof.collect import ranges
 

@@ -59,6 +59,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from pipeprof.attach.labels import PIPEPROF_DIR, Loader, Loaders
+from pipeprof.attach.live import LiveView
 from pipeprof.attach.passes import Inside
 from pipeprof.attach.patches import PATCHES, Patches
 from pipeprof.attach.regions import REGIONS_EVERY, REGIONS_FIRST, StepRegions
@@ -188,8 +189,10 @@ class Run:
         snapshot: str | None = None,
         snapshot_s: float = SNAPSHOT_S,
         hang_s: float = HANG_S,
+        live: bool = False,
     ) -> None:
         self.batches = batches
+        self.live: Any = live  # NOTE [ The live view ] in collect/live.py: True, then the view
         self.hang_s = hang_s  # NOTE [ Hangs ] in collect/torch/hangs.py
         self.nvtx = nvtx  # NVTX ranges (collect/ranges.py)
         # NOTE [ Snapshots ] in profiler.py: the main loop's session saved there every
@@ -321,6 +324,9 @@ class Run:
         """An iterator over one pass of ``loader``, profiled (NOTE [ Run ]): torch's own where it
         can be (NOTE [ The user's own iterator ] in collect/torch/loader.py), else a generator."""
         self.samplers.start_host()  # from the first pass: the loop's host
+        if self.live is True:  # the live panel, from the first pass (attach/live.py)
+            self.live = LiveView(self._live_loaders, self._gpu_latest)
+            self.live = self.live if self.live.start() else None
         entry = self.loaders.entry(loader, self._profiler)
         prof: Any = entry.prof  # NOTE [ The user's own iterator ]
         steps, it, short, source = self.local.call(prof.begin_pass, loader)
@@ -471,11 +477,25 @@ class Run:
             print(f"pipeprof: the job report could not be made ({type(exc).__name__}: {exc}); "
                   "each rank's file was written: pipeprof merge them", file=sys.stderr)
 
+    def _live_loaders(self) -> list[Any]:
+        return [lo for e in list(self.loaders.values()) if e.prof is not None
+                for lo in e.prof.loaders]  # fmt: skip
+
+    def _gpu_latest(self) -> list[tuple[Any, Any]]:
+        for sampler in self.samplers.running:
+            latest = getattr(sampler, "latest", None)
+            if latest is not None:
+                return latest()  # type: ignore[no-any-return]
+        return []
+
     def stop_profiling(self, why: str | None = None) -> None:
         """Stop every Profiler and the samplers: what was measured is final."""
         if self.stopped:
             return
         self.stopped = True
+        if self.live not in (None, True, False):  # the panel goes before anything prints
+            self.live.stop()
+            self.live = None
         self.step.log = None
         if why:
             self.notes.append(f"profiling stopped: {why}; the script ran on unprofiled")

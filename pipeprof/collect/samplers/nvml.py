@@ -309,6 +309,14 @@ class NvmlSampler(Sampler):
             dev.record(now_ns, reading)
         self._ring.append((now_ns, readings))
 
+    def latest(self) -> list[tuple[Value, Value]]:
+        """Each device's last (utilisation %, memory used MB), for the live view; [] before
+        the first sample."""
+        ring = self._ring
+        if not ring:
+            return []
+        return [(r[0], r[2]) for r in ring[-1][1]]
+
     # ---- output ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -484,8 +484,9 @@ def _mark_cpu(payload: dict[str, Any]) -> None:
 # parent's collector counters. Its collections of the oldest generation (full ones) write to the
 # header of every tracked object of that heap: each copies the pages it touches, tens of
 # megabytes of a training process's modules and dataset, in every worker of every epoch whose
-# workers start afresh, wherever the counters line up (docs/cost.md "Beside other tools": a loop
-# of 160 px JPEGs ran 20 % faster when the parent had collected just before its workers forked).
+# workers start afresh, wherever the counters line up (docs/validation/cost.md, "Why profiled
+# loops with workers ran faster than plain": a loop of 160 px JPEGs ran 20 % faster when the
+# parent had collected just before its workers forked).
 # Each worker times its full collections (a ``gc.callbacks`` hook, generation 2 only: the young
 # ones it ignores at a dict lookup each) with the page faults they took, and the next batch that
 # carries records ships them: [ns, collections, faults, start ns, start faults].
@@ -683,6 +684,10 @@ class ProfiledLoader:
         self._watchdog: hangs.Watchdog | None = None
         self.stage_every = stage_every  # NOTE [ Unprofiled batches ]
         self.seen = 0  # batches yielded over all passes
+        # NOTE [ The live view ] in collect/live.py: the loop's wait so far, and the part of it
+        # during which the batch was not ready (read by the live view's thread)
+        self.wait_ns = 0
+        self.starved_ns = 0
         # the workers tell the profile's first batches (arm FIRST), else the count of them does;
         # those batches' stage time until ``_publish_first`` (NOTE [ Unprofiled batches ])
         self._ruled = False
@@ -779,6 +784,8 @@ class ProfiledLoader:
         n = self._samples = n if n is not None else batch_size(carrier)
         self.session.defer_batch(t0, t1, n, short.span)  # all of its wait starved: not known
         self.last_starved = t1 - t0
+        self.wait_ns += t1 - t0  # NOTE [ The live view ] in collect/live.py
+        self.starved_ns += t1 - t0
         lean = self._lean
         lean[0] += 1
         lean[1] += n
@@ -908,6 +915,8 @@ class ProfiledLoader:
                             nv.pop()
                     n = _COLLATED[0] if off else None
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span, n)
+                    self.wait_ns += t1 - t0  # NOTE [ The live view ] in collect/live.py
+                    self.starved_ns += self.last_starved
                     if first:  # in this batch's bookkeeping, not in its wait
                         self._count_start(started_ns, persistent)
                     first = False

@@ -1,0 +1,130 @@
+"""The live terminal view (NOTE [ The live view ] in collect/live.py), read from a real
+pseudo-terminal while the script trains: the panel refreshes with figures that agree with the
+report, the script's own lines all come through, and without a terminal nothing changes."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pipeprof
+
+TRAIN = """
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        time.sleep(0.004)  # 2 workers make a batch of 8 in 16 ms; the step takes 10
+        return torch.full((8,), float(i))
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Slow(), batch_size=8, num_workers=2, persistent_workers=True)
+    for epoch in range(10):
+        for step, batch in enumerate(loader):
+            time.sleep(0.01)
+            if step % 25 == 0:
+                print(f"epoch {epoch} step {step} mean {float(batch.mean()):.1f}", flush=True)
+    print("done")
+"""
+
+LIBRARY = """
+import sys, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import pipeprof
+
+prof = pipeprof.Profiler(sample_hz=0, live=True)
+loader = DataLoader(TensorDataset(torch.arange(4000.0)), batch_size=8)
+for batch in prof.wrap(loader):
+    time.sleep(0.008)
+prof.stop()
+print("done")
+"""
+
+_ESC = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_TITLE = re.compile(r"pipeprof · epoch (\d+) · step (\d+) · (\d+) s")
+
+
+def in_pty(argv: list[str], cwd: Path, timeout: float = 90) -> tuple[str, str, int]:
+    """Run ``argv`` on a pseudo-terminal: what the screen got while it ran (read until the
+    panel had shown 3 distinct steps, the child still alive), all it got, its exit status."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdout and stderr are the terminal
+        os.chdir(cwd)
+        os.environ["COLUMNS"] = "100"
+        os.execv(argv[0], argv)
+    out, mid, t0 = b"", "", time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            out += data
+        if not mid:
+            seen = _ESC.sub("", out.decode(errors="replace"))
+            alive = os.waitpid(pid, os.WNOHANG) == (0, 0)
+            if alive and len({m[1] for m in _TITLE.findall(seen)}) >= 3:
+                mid = seen
+    _, status = os.waitpid(pid, 0)
+    return mid, _ESC.sub("", out.decode(errors="replace")), os.waitstatus_to_exitcode(status)
+
+
+def test_the_panel_refreshes_mid_run_and_the_scripts_lines_scroll_above_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    mid, screen, code = in_pty([sys.executable, "-m", "pipeprof", "run", "--live", "-o",
+                                "run.json", str(script)], tmp_path)  # fmt: skip
+    assert code == 0
+    assert mid, "no panel with 3 distinct steps while the script ran"
+    steps = sorted({int(m[1]) for m in _TITLE.findall(mid)})
+    assert len(steps) >= 3 and steps[-1] > steps[0]
+    rates = [float(r.replace(",", "")) for r in re.findall(r"throughput\s+([\d,.]+) samples/s",
+                                                            mid)]  # fmt: skip
+    report = pipeprof.load(tmp_path / "run.json").to_dict()
+    final = report["loop"]["throughput"]["effective_samples_per_s"]
+    assert rates and 0.6 * final < rates[-1] < 1.5 * final, (rates, final)
+    waits = [int(w) for w in re.findall(r"waiting\s+(\d+)% \(starved \d+%, hand-over", mid)]
+    assert waits and waits[-1] >= 15  # input-bound by construction
+    assert abs(waits[-1] / 100 - report["loop"]["wait_fraction"]) < 0.2, waits
+    assert re.search(r"workers\s+0: \d+%\s+1: \d+%", mid)
+    printed = [f"epoch {e} step {s} mean" for e in range(10) for s in (0, 25)]
+    where = [screen.find(line) for line in printed]
+    assert all(w >= 0 for w in where) and where == sorted(where)  # none lost, in order
+    assert "done" in screen and "main loop: 10 pass(es)" in screen
+
+
+def test_a_profiler_made_with_live_shows_the_panel_too(tmp_path):
+    script = tmp_path / "lib.py"
+    script.write_text(LIBRARY)
+    mid, screen, code = in_pty([sys.executable, str(script)], tmp_path)
+    assert code == 0 and mid and "done" in screen
+    assert re.search(r"throughput\s+[\d,.]+ samples/s", mid)
+
+
+def test_without_a_terminal_there_is_no_panel_and_the_output_is_plain(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           check=True, cwd=tmp_path)  # fmt: skip
+    live = subprocess.run([sys.executable, "-m", "pipeprof", "run", "--live", "-o", "run.json",
+                           str(script)], capture_output=True, text=True, check=True,
+                          cwd=tmp_path)  # fmt: skip
+    assert live.stdout == plain.stdout
+    assert not _TITLE.search(live.stderr)
