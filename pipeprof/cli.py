@@ -122,6 +122,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--live", action="store_true",
                    help="a panel in the terminal, refreshed once a second while the script "
                    "trains (stdout and stderr a terminal; docs/live.md)")  # fmt: skip
+    p.add_argument("--metrics-port", default=None, metavar="[HOST:]PORT",
+                   help="serve the live figures for Prometheus on http://127.0.0.1:PORT/metrics "
+                   "(a distributed rank: PORT + its local rank); pip install "
+                   "'pipeprof[prometheus]' (docs/live.md)")  # fmt: skip
     p.add_argument("--hang-s", type=_seconds, default=60.0, metavar="SECONDS",
                    help="a wait for one batch this long (and 10x the longest gap before it) is "
                    "recorded as a hang: each worker's stage and stack in the report, a line on "
@@ -146,7 +150,7 @@ def _run_parser() -> argparse.ArgumentParser:
 # options that take a value: the script starts after it
 _RUN_VALUED = {
     "-o", "--out", "--html", "--trace", "--batches", "--sample-hz", "--stage-every", "--log-to",
-    "--snapshot-s", "--hang-s",
+    "--snapshot-s", "--hang-s", "--metrics-port",
 }  # fmt: skip
 _LOG_OPTION = {"tensorboard": "log_dir", "mlflow": "tracking_uri", "wandb": "project"}
 
@@ -534,6 +538,10 @@ def cmd_run(argv: list[str]) -> int:
         if path:  # absolute: a script that changes folder writes them where they were asked
             path = rank_path(path, opts.rank) if name in ("out", "html", "trace") else path
             setattr(opts, name, os.path.abspath(path))
+    if opts.metrics_port is not None:  # a bad address is refused before the script runs
+        from pipeprof.attach.metrics import parse_address
+
+        parse_address(opts.metrics_port)
     for path in (opts.out, opts.html, opts.trace):  # before the script runs, not after it
         if path:
             _check_writable(path)
@@ -541,6 +549,7 @@ def cmd_run(argv: list[str]) -> int:
         batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions,
         nvtx=opts.nvtx, stage_every=opts.stage_every, snapshot=opts.out,
         snapshot_s=opts.snapshot_s, hang_s=opts.hang_s, live=opts.live,
+        metrics_port=opts.metrics_port,
     )  # fmt: skip
     run.on_stop = lambda: outputs.run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: outputs.job_outputs(run, opts)

@@ -167,6 +167,10 @@ class Profiler:
             (throughput, the wait's share, the limiting stage, each worker's CPU, GPU and host;
             docs/live.md), where stdout and stderr are a terminal; the script's output scrolls
             above it.
+        metrics_port: serve the live figures in Prometheus' text format on
+            ``http://127.0.0.1:PORT/metrics`` (``"HOST:PORT"`` to bind elsewhere; a distributed
+            rank adds its local rank to the port) while profiling runs; needs ``pip install
+            'pipeprof[prometheus]'`` (docs/live.md).
         hang_s: a DataLoader's wait for one batch this long, and 10 times the longest gap
             between batches before it, is recorded as a hang: where each worker is, with its
             stack, in the report, a line on stderr, and a snapshot to ``stream`` (the job goes
@@ -189,6 +193,7 @@ class Profiler:
         stage_every: int = STAGE_EVERY,
         hang_s: float = HANG_S,
         live: bool = False,
+        metrics_port: int | str | None = None,
     ) -> None:
         cpu0 = time.thread_time_ns()  # this thread's CPU here, as in start(): costs["control_ns"]
         _check_stage_every(stage_every)
@@ -223,6 +228,12 @@ class Profiler:
         self.on_hang: Callable[[], None] | None = None
         self.live = live
         self._live: Any = None  # the live view while it shows (attach/live.py)
+        self.metrics_port = None if metrics_port is None else str(metrics_port)
+        if self.metrics_port is not None:
+            from pipeprof.attach.metrics import parse_address
+
+            parse_address(self.metrics_port)  # a bad one is refused now, not at start
+        self._metrics: Any = None  # the Prometheus endpoint while it serves (attach/metrics.py)
         self._nvml_module = nvml
         self.session = Session(mode="loop")
         self._steps_log = StepLog(self.session)
@@ -317,6 +328,11 @@ class Profiler:
 
             view = LiveView(lambda: self.loaders, self.gpu_latest)
             self._live = view if view.start() else None
+        if self.metrics_port is not None:
+            from pipeprof.attach.metrics import serve
+
+            self._metrics = serve(self.metrics_port, lambda: self.loaders, self.gpu_latest,
+                                  self.session.notes)  # fmt: skip
         s.add_cost("control_ns", time.thread_time_ns() - cpu0)
         return self
 
@@ -341,6 +357,9 @@ class Profiler:
         if self._live is not None:  # the panel goes before the report prints
             self._live.stop()
             self._live = None
+        if self._metrics is not None:
+            self._metrics.stop()
+            self._metrics = None
         if self._ranges is not None:
             from pipeprof.collect import ranges
 

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import pipeprof
 
 TRAIN = """
@@ -44,6 +46,8 @@ LIBRARY = """
 import sys, time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+import pytest
+
 import pipeprof
 
 prof = pipeprof.Profiler(sample_hz=0, live=True)
@@ -128,3 +132,100 @@ def test_without_a_terminal_there_is_no_panel_and_the_output_is_plain(tmp_path):
                           cwd=tmp_path)  # fmt: skip
     assert live.stdout == plain.stdout
     assert not _TITLE.search(live.stderr)
+
+
+def scrape(port: int, timeout: float = 60) -> dict[str, float]:
+    """One scrape of ``/metrics`` on 127.0.0.1:``port`` once it answers: ``name{labels}`` ->
+    value, pipeprof's series only."""
+    import urllib.request
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            break
+        except OSError:
+            if time.monotonic() - t0 > timeout:
+                raise
+            time.sleep(0.2)
+    got = {}
+    for line in text.splitlines():
+        if line.startswith("pipeprof_"):
+            key, _, value = line.rpartition(" ")
+            got[key] = float(value)
+    return got
+
+
+def test_the_metrics_endpoint_serves_the_figures_while_the_script_runs(tmp_path):
+    """``pipeprof run --metrics-port``: scraped twice on localhost during the run, with rank and
+    loader labels; the endpoint is gone when the run ends."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    port = 29871
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeprof", "run", "-q", "--metrics-port", str(port), "-o",
+         "run.json", str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    at = '{loader="loader",rank="0"}'
+    try:
+        first = scrape(port)
+        while not first.get(f"pipeprof_steps_total{at}"):  # from the first batch on
+            time.sleep(0.2)
+            first = scrape(port)
+        time.sleep(2.5)
+        second = scrape(port)
+        assert proc.poll() is None  # both during the run
+    except BaseException:
+        proc.kill()  # the port is free for the next run
+        raise
+    assert second[f"pipeprof_steps_total{at}"] > first[f"pipeprof_steps_total{at}"] > 0
+    assert second[f"pipeprof_samples_per_second{at}"] > 0
+    assert 0.05 < second[f"pipeprof_wait_fraction{at}"] < 1
+    workers = [k for k in second if k.startswith("pipeprof_worker_cpu_fraction")]
+    assert sorted(workers) == [f'pipeprof_worker_cpu_fraction{{loader="loader",rank="0",'
+                               f'worker="{w}"}}' for w in (0, 1)]  # fmt: skip
+    assert second['pipeprof_host_memory_used_bytes{rank="0"}'] > 0
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    try:
+        scrape(port, timeout=0)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the endpoint still serves after the run")
+
+
+def test_a_bad_metrics_address_is_refused_before_the_script_runs(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')")
+    done = subprocess.run([sys.executable, "-m", "pipeprof", "run", "--metrics-port", "http",
+                           str(script)], capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "ran" not in done.stdout
+    assert "--metrics-port takes a port (9100) or HOST:PORT" in done.stderr
+
+
+@pytest.mark.slow
+def test_each_rank_of_a_torchrun_job_serves_its_own_figures(tmp_path):
+    """2 ranks (gloo, DDP) under torchrun with --metrics-port P: rank 0 on P, rank 1 on P + 1
+    (its local rank), each labelled with its rank, scraped during the job."""
+    from test_distributed import DDP_TRAIN, env
+
+    port = 29881
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master_port=29889", "-m", "pipeprof", "run", "-q", "--metrics-port", str(port),
+           "-o", "run.json", DDP_TRAIN, "--samples", "4096", "--step-ms", "10"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        got = {rank: scrape(port + rank) for rank in (0, 1)}
+        assert proc.poll() is None
+    except BaseException:
+        proc.kill()
+        raise
+    for rank, figures in got.items():
+        assert any(f'rank="{rank}"' in k for k in figures if k.startswith("pipeprof_steps"))
+        assert not any(f'rank="{1 - rank}"' in k for k in figures)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-2000:]

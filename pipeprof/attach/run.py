@@ -190,8 +190,11 @@ class Run:
         snapshot_s: float = SNAPSHOT_S,
         hang_s: float = HANG_S,
         live: bool = False,
+        metrics_port: str | None = None,
     ) -> None:
         self.batches = batches
+        self.metrics_port = metrics_port  # attach/metrics.py: served from the first pass
+        self.metrics: Any = None
         self.live: Any = live  # NOTE [ The live view ] in collect/live.py: True, then the view
         self.hang_s = hang_s  # NOTE [ Hangs ] in collect/torch/hangs.py
         self.nvtx = nvtx  # NVTX ranges (collect/ranges.py)
@@ -324,6 +327,11 @@ class Run:
         """An iterator over one pass of ``loader``, profiled (NOTE [ Run ]): torch's own where it
         can be (NOTE [ The user's own iterator ] in collect/torch/loader.py), else a generator."""
         self.samplers.start_host()  # from the first pass: the loop's host
+        if self.metrics_port is not None and self.metrics is None:
+            from pipeprof.attach.metrics import serve
+
+            self.metrics = serve(self.metrics_port, self._live_loaders, self._gpu_latest,
+                                 self.notes) or False  # fmt: skip
         if self.live is True:  # the live panel, from the first pass (attach/live.py)
             self.live = LiveView(self._live_loaders, self._gpu_latest)
             self.live = self.live if self.live.start() else None
@@ -496,6 +504,9 @@ class Run:
         if self.live not in (None, True, False):  # the panel goes before anything prints
             self.live.stop()
             self.live = None
+        if self.metrics:
+            self.metrics.stop()
+            self.metrics = False
         self.step.log = None
         if why:
             self.notes.append(f"profiling stopped: {why}; the script ran on unprofiled")
