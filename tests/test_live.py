@@ -229,3 +229,42 @@ def test_each_rank_of_a_torchrun_job_serves_its_own_figures(tmp_path):
         assert not any(f'rank="{1 - rank}"' in k for k in figures)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-2000:]
+
+
+NOTEBOOK_CELL = """
+import time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import pipeprof
+
+prof = pipeprof.Profiler(sample_hz=0, live=True)
+loader = DataLoader(TensorDataset(torch.arange(4000.0)), batch_size=8)
+t0 = time.perf_counter()
+for batch in prof.wrap(loader):
+    time.sleep(0.008)
+loop_s = time.perf_counter() - t0
+frames = prof._live.frames if prof._live else -1
+prof.stop()
+print(f"loop {loop_s:.2f} s, frames {frames}")
+"""
+
+
+def test_in_a_notebook_the_report_updates_in_place(tmp_path_factory):
+    """A real kernel (nbclient, ipykernel) runs a cell with Profiler(live=True): one output
+    display, updated in place as the loop runs (its last figures stay), while the loop's own
+    print still comes."""
+    import nbformat
+    from test_notebook import execute
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(NOTEBOOK_CELL))
+    execute(nb, tmp_path_factory)
+    outputs = nb.cells[0].outputs
+    shown = [o for o in outputs if o.output_type == "display_data"]
+    assert len(shown) == 1  # one output, updated in place: not one per frame
+    page = shown[0].data["text/html"]
+    steps = int(re.search(r"step (\d+)", page)[1])
+    assert steps == 500 and re.search(r"throughput</th><td[^>]*>[\d,.]+ samples/s", page)
+    printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    got = re.search(r"loop (\d+\.\d+) s, frames (\d+)", printed)
+    assert got and int(got[2]) >= 2  # redrawn while the loop ran (about 4 s)

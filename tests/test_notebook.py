@@ -26,13 +26,12 @@ def find(cells: list[dict[str, Any]], source: str) -> dict[str, Any]:
     return cell
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory):
+def execute(nb, tmp_path_factory) -> None:
+    """Run the notebook ``nb`` in place in a real kernel of this very interpreter (a kernel
+    spec made for it, so the kernel sees this environment's pipeprof)."""
     require("nbclient", "nbformat", "ipykernel", extra="test")
     import nbclient
-    import nbformat
 
-    # A kernel spec for this very interpreter, so the kernel sees this environment's pipeprof.
     root = tmp_path_factory.mktemp("jupyter")
     spec = root / "kernels" / "pipeprof-test"
     spec.mkdir(parents=True)
@@ -50,7 +49,6 @@ def executed(tmp_path_factory):
     mp.setenv("JUPYTER_PATH", str(root))
     mp.setenv("IPYTHONDIR", str(root / "ipython"))
     try:
-        nb = nbformat.read(EXAMPLE, as_version=4)
         client = nbclient.NotebookClient(
             nb,
             timeout=300,
@@ -60,6 +58,15 @@ def executed(tmp_path_factory):
         client.execute()
     finally:
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    require("nbclient", "nbformat", "ipykernel", extra="test")
+    import nbformat
+
+    nb = nbformat.read(EXAMPLE, as_version=4)
+    execute(nb, tmp_path_factory)
     return [c for c in nb.cells if c.cell_type == "code"]
 
 

@@ -3,6 +3,7 @@ A panel of plain text lines: a rich table took 2.3 ms to draw, this 0.5 ms."""
 
 from __future__ import annotations
 
+from html import escape
 from typing import Any
 
 from rich.panel import Panel
@@ -50,6 +51,18 @@ def panel(fig: dict[str, Any]) -> Panel:
             body.append("\n")
         body.append(label.ljust(12), style="bold")
         body.append(said)
-    title = (f"pipeprof · epoch {fig.get('epoch', 0)} · step {fig.get('steps', 0)} · "
-             f"{fig.get('elapsed_s', 0):.0f} s")  # fmt: skip
-    return Panel(body, title=title, title_align="left", expand=False)
+    return Panel(body, title=_title(fig), title_align="left", expand=False)
+
+
+def _title(fig: dict[str, Any]) -> str:
+    return (f"pipeprof · epoch {fig.get('epoch', 0)} · step {fig.get('steps', 0)} · "
+            f"{fig.get('elapsed_s', 0):.0f} s")  # fmt: skip
+
+
+def html(fig: dict[str, Any]) -> str:
+    """The live figures as a small HTML table (a Jupyter cell's output, updated in place)."""
+    rows = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{escape(label)}</th>"
+                   f"<td style='text-align:left'>{escape(said)}</td></tr>"
+                   for label, said in lines(fig))  # fmt: skip
+    return (f"<div class='pipeprof-live'><b>{escape(_title(fig))}</b>"
+            f"<table>{rows}</table></div>")
