@@ -1,5 +1,6 @@
 """The live panel as a terminal shows it mid-run: examples/train.py under ``pipeprof run --live``
-on a pseudo-terminal, the last whole panel read while the script still trains, written as text.
+on a pseudo-terminal, the last whole panel read while the script still trains, written as text
+and as an SVG picture of it.
 
     .venv/bin/python dev/live_screen.py docs/img/live.txt     # (dev/screenshot.sh runs it)
 """
@@ -35,9 +36,17 @@ def main(path: str) -> None:
     os.waitpid(pid, 0)
     if not frames:
         sys.exit("no live panel with figures came: is the demo too short?")
+    frame = frames[-1].replace("\r", "")
     with open(path, "w") as f:
-        f.write(frames[-1].replace("\r", "") + "\n")
-    print(f"wrote {path}")
+        f.write(frame + "\n")
+    from rich.console import Console  # the same frame as a picture of the terminal
+    from rich.text import Text
+
+    console = Console(record=True, width=60, file=open(os.devnull, "w"))
+    console.print(Text(frame))
+    svg = os.path.splitext(path)[0] + ".svg"
+    console.save_svg(svg, title="pipeprof run --live")
+    print(f"wrote {path} and {svg}")
 
 
 if __name__ == "__main__":
