@@ -42,8 +42,9 @@ def main(path: str) -> None:
     from rich.console import Console  # the same frame as a picture of the terminal
     from rich.text import Text
 
-    console = Console(record=True, width=60, file=open(os.devnull, "w"))
-    console.print(Text(frame))
+    with open(os.devnull, "w") as sink:
+        console = Console(record=True, width=60, file=sink)
+        console.print(Text(frame))
     svg = os.path.splitext(path)[0] + ".svg"
     console.save_svg(svg, title="pipeprof run --live")
     print(f"wrote {path} and {svg}")
