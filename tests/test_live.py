@@ -268,3 +268,24 @@ def test_in_a_notebook_the_report_updates_in_place(tmp_path_factory):
     printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     got = re.search(r"loop (\d+\.\d+) s, frames (\d+)", printed)
     assert got and int(got[2]) >= 2  # redrawn while the loop ran (about 4 s)
+
+
+def test_the_gpu_line_comes_from_the_nvml_samplers_latest_reading():
+    """No GPU here: the real NVML sampler over the fake pynvml (tests/fake_nvml.py), read by
+    the live figures and drawn on the panel and in the notebook's table."""
+    from fake_nvml import FakeGpu, FakeNvml
+
+    from pipeprof.collect.live import LiveFigures
+    from pipeprof.collect.samplers import NvmlSampler
+    from pipeprof.render.live import html, lines
+
+    sampler = NvmlSampler(hz=50, nvml=FakeNvml([FakeGpu(util=(37,), samples=None,
+                                                        mem_used=3 << 30)])).start()  # fmt: skip
+    try:
+        time.sleep(0.3)
+        fig = LiveFigures(lambda: [], sampler.latest).tick()
+    finally:
+        sampler.stop()
+    assert fig["gpu"] == [{"index": 0, "util": 37.0, "mem_used_mb": 3072.0}]
+    assert ("GPU 0", "37% busy, 3,072 MB") in lines(fig)
+    assert "37% busy, 3,072 MB" in html(fig)
