@@ -23,14 +23,14 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class Stuck(Dataset):
-    '''Sample 37 waits 6 s on a read that does not answer; the others are quick.'''
+    '''Sample 37 waits 10 s on a read that does not answer; the others are quick.'''
 
     def __len__(self):
         return 96
 
     def __getitem__(self, i):
         if i == 37:
-            time.sleep(6)
+            time.sleep(10)
         return torch.full((8,), float(i))
 
 
@@ -78,7 +78,7 @@ def test_a_worker_stuck_in_a_read_is_named_while_the_job_goes_on(tmp_path: Path,
     assert stuck["at"].startswith("__getitem__ (stuck.py:") and stuck["wchan"]
     assert stuck["stack"][0].startswith("stuck.py:") and "_worker_loop" in stuck["stack"][-1]
     assert hang["workers"][0]["stage"] == "idle"  # worker 0 had no batch left to make then
-    assert 3 < hang["resumed_s"] < 7
+    assert 6 < hang["resumed_s"] < 11
     found = next(f for f in report["findings"] if f["id"] == "loop-hang")
     assert found["severity"] == "warning"  # the batch came in the end
     assert found["message"].startswith("the loop waited about")

@@ -7,7 +7,8 @@ stopped as the pass ends) looks every POLL_S at the loader's count of batches. T
 between two batches it has seen (after the pass's first: the workers' start-up) sets the
 threshold: a gap
 HANG_FACTOR times as long, and at least ``hang_s`` (60 s unless the user says:
-``Profiler(hang_s=)``, ``pipeprof run --hang-s``; 0 turns it off). A gap past it counts only
+``Profiler(hang_s=)``, ``pipeprof run --hang-s``; 0 turns it off; a gap is seen at POLL_S's
+grain, so 10 times it at least). A gap past it counts only
 while the training thread is inside this loader's fetch (a frame of torch's ``_next_data`` on
 its stack, of this pass's iterator): a loop busy elsewhere (validation, a checkpoint) is not
 waiting for data. Then, once per stall:
@@ -132,13 +133,16 @@ class Watchdog:
             if not _in_fetch(owner.thread_id, it):
                 self._stalled(owner, stalled, since)
                 continue
-            self.reported = True
             try:
-                record = self._record(owner, it, stalled)
-                record["last_batch_unix"] = round(time.time() - (time.monotonic() - since), 3)
+                record = self._record(owner, it, stalled, last)
             except Exception as exc:  # the watchdog never breaks the job
+                self.reported = True
                 owner.session.notes.append(f"pipeprof: the hang could not be recorded ({exc!r})")
                 continue
+            if record is None:  # the batch came as it was being recorded: no hang
+                continue
+            self.reported = True
+            record["last_batch_unix"] = round(time.time() - (time.monotonic() - since), 3)
             owner.session.meta.setdefault("hang", record)
             if owner.on_hang is not None:  # the snapshot first: the line says it is there
                 try:
@@ -173,8 +177,13 @@ class Watchdog:
             except Exception as exc:
                 meta.setdefault("stall_note", f"the stall's snapshot failed ({exc!r})")
 
-    def _record(self, owner: Any, it: Any, stalled: float) -> dict[str, Any]:
+    def _record(self, owner: Any, it: Any, stalled: float, last: int) -> dict[str, Any] | None:
+        """The hang's record; None where the loop got its batch meanwhile (``seen`` moved on
+        from ``last`` while the batch and its worker were read: the stall ended)."""
         waits_on = _waited_worker(it)
+        batch = getattr(it, "_rcvd_idx", getattr(it, "_num_yielded", None))
+        if owner.seen != last:
+            return None
         workers = []
         pids = [w.pid for w in getattr(it, "_workers", [])]
         stacks = _dump(self.folder, pids) if pids else {}
@@ -192,7 +201,7 @@ class Watchdog:
             "waited_s": round(stalled, 3),
             "threshold_s": round(max(self.hang_s, HANG_FACTOR * self.longest), 3),
             "longest_before_s": round(self.longest, 3),
-            "batch": getattr(it, "_rcvd_idx", getattr(it, "_num_yielded", None)),
+            "batch": batch,
             "worker": waits_on,
             "workers": workers,
             "resumed_s": None,
