@@ -343,11 +343,9 @@ class Profiler:
 
     def gpu_latest(self) -> list[tuple[Any, Any]]:
         """The GPU sampler's latest (utilisation %, memory used MB) per device; [] without."""
-        for sampler in self._samplers:
-            latest = getattr(sampler, "latest", None)
-            if latest is not None:
-                return latest()  # type: ignore[no-any-return]
-        return []
+        from pipeprof.collect.live import gpu_readings
+
+        return gpu_readings(self._samplers)
 
     def stop(self, interrupted: bool = False) -> None:
         if not self._running:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, TypedDict
 
+from pipeprof.analyze.memory import worker_pids
+
 MARGIN = 0.9  # a budget uses at most this share of the memory free
 
 
@@ -39,8 +41,7 @@ def budget(report: dict[str, Any], cores: int) -> Budget:
     meta = report.get("meta") or {}
     n = int(meta.get("num_workers") or 0)
     host = report.get("host") or {}
-    mine = {w["pid"] for w in report.get("workers") or []
-            if str(w.get("track", "")).startswith("worker") and w.get("pid")}  # fmt: skip
+    mine = worker_pids(report)
     private = [p["uss_max_mb"] for p in host.get("per_process") or []
                if p.get("pid") in mine and p.get("uss_max_mb")]  # fmt: skip
     worker_mb = statistics.median(private) if private else None

@@ -34,7 +34,7 @@ def rule_copy_on_read(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
         return None
     size = sum(c["mb"] for c in held)
     procs = (report.get("host") or {}).get("per_process") or []
-    mine = _worker_pids(report)  # the loader's workers, not every child of the process
+    mine = worker_pids(report)  # the loader's workers, not every child of the process
     private = [p["uss_max_mb"] for p in procs
                if p.get("pid") in mine and p.get("uss_max_mb") is not None]  # fmt: skip
     if size < COPIED_MB or not private:
@@ -62,7 +62,8 @@ def rule_copy_on_read(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
     )  # fmt: skip
 
 
-def _worker_pids(report: dict[str, Any]) -> set[int]:
+def worker_pids(report: dict[str, Any]) -> set[int]:
+    """The pids of the loader's workers (not every child of the training process)."""
     return {w["pid"] for w in report.get("workers") or []
             if str(w.get("track", "")).startswith("worker") and w.get("pid")}  # fmt: skip
 
@@ -111,7 +112,7 @@ def rule_memory_growth(report: dict[str, Any], facts: dict[str, Any]) -> Finding
     free = (report.get("host") or {}).get("mem_available_mb")
     left = free / rate if free and rate > 0 else None
     who = ("the training process" if top["role"] == "main"
-           else f"worker pid {top['pid']}" if top["pid"] in _worker_pids(report)
+           else f"worker pid {top['pid']}" if top["pid"] in worker_pids(report)
            else f"child process pid {top['pid']}")  # fmt: skip
     more = f" (and {len(grow) - 1} more process{'es' * (len(grow) > 2)})" if len(grow) > 1 else ""
     said = f", {per_k:,.1f} MB every 1,000 batches" if per_k is not None else ""

@@ -63,6 +63,7 @@ from pipeprof.attach.live import LiveView
 from pipeprof.attach.passes import Inside
 from pipeprof.attach.patches import PATCHES, Patches
 from pipeprof.attach.regions import REGIONS_EVERY, REGIONS_FIRST, StepRegions
+from pipeprof.collect.live import gpu_readings
 from pipeprof.collect.loop import HANG_S, StepLog
 from pipeprof.core.recorder import STAGE_EVERY, clock
 from pipeprof.profiler import Profiler
@@ -290,30 +291,33 @@ class Run:
             self._next_snapshot = t0 + int(min(SNAPSHOT_FIRST_S, self.snapshot_s) * 1e9)
             return
         self._next_snapshot = t0 + int(self.snapshot_s * 1e9)
-        used = [e for e in self.loaders.values()
-                if e.prof is not None and e.session.loop and e.session.loop.steps]  # fmt: skip
+        main = self._save_snapshot()
+        if main is not None:
+            self.snapshot_ns += clock() - t0
+            main.session.costs["snapshot_ns"] = self.snapshot_ns
+
+    def _hang_snapshot(self) -> None:
+        """A loader's hang was recorded (NOTE [ Hangs ] in collect/torch/hangs.py), from the
+        watchdog's thread while the loop waits: the main loop's snapshot, now (a loop stuck
+        before its first step included)."""
+        self._save_snapshot(stepped=False)
+
+    def _save_snapshot(self, stepped: bool = True) -> Loader | None:
+        """The main loop's session saved to ``--out`` (``stepped``: of the loops with steps);
+        its entry, or None where none was saved."""
+        used = [e for e in self.loaders.values() if e.prof is not None
+                and (not stepped or (e.session.loop and e.session.loop.steps))]  # fmt: skip
         if not used or os.getpid() != self.pid or self.snapshot_path is None:
-            return
-        main = max(used, key=lambda e: (not e.nested_in, e.session.loop.steps))
+            return None
+        main = max(used, key=lambda e: (not e.nested_in,
+                                        e.session.loop.steps if e.session.loop else 0))  # fmt: skip
         assert main.prof is not None
         try:
             main.prof.snapshot(self.snapshot_path, self.samplers.running, note=SNAPSHOT_NOTE)
         except OSError as exc:  # the run goes on; the report at the end says why
             self.snapshot_path = None
             self.notes.append(f"the snapshots stopped: {exc} (the report at the end is whole)")
-        self.snapshot_ns += clock() - t0
-        main.session.costs["snapshot_ns"] = self.snapshot_ns
-
-    def _hang_snapshot(self) -> None:
-        """A loader's hang was recorded (NOTE [ Hangs ] in collect/torch/hangs.py), from the
-        watchdog's thread while the loop waits: the main loop's snapshot, now."""
-        used = [e for e in self.loaders.values() if e.prof is not None]
-        if not used or os.getpid() != self.pid or self.snapshot_path is None:
-            return
-        main = max(used, key=lambda e: (not e.nested_in, e.session.loop.steps
-                                        if e.session.loop else 0))  # fmt: skip
-        assert main.prof is not None
-        main.prof.snapshot(self.snapshot_path, self.samplers.running, note=SNAPSHOT_NOTE)
+        return main
 
     def _profiler(self, label: str, site: str) -> Profiler:
         """A new loader's own Profiler (NOTE [ Run ])."""
@@ -490,11 +494,7 @@ class Run:
                 for lo in e.prof.loaders]  # fmt: skip
 
     def _gpu_latest(self) -> list[tuple[Any, Any]]:
-        for sampler in self.samplers.running:
-            latest = getattr(sampler, "latest", None)
-            if latest is not None:
-                return latest()  # type: ignore[no-any-return]
-        return []
+        return gpu_readings(self.samplers.running)
 
     def stop_profiling(self, why: str | None = None) -> None:
         """Stop every Profiler and the samplers: what was measured is final."""

@@ -113,6 +113,16 @@ class LiveFigures:
                 for i, (u, m) in enumerate(got)] or None  # fmt: skip
 
 
+def gpu_readings(samplers: list[Any]) -> list[tuple[Any, Any]]:
+    """The GPU sampler's latest (utilisation %, memory used MB) per device, of the running
+    ``samplers``; [] without one."""
+    for sampler in samplers:
+        latest = getattr(sampler, "latest", None)
+        if latest is not None:
+            return latest()  # type: ignore[no-any-return]
+    return []
+
+
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
