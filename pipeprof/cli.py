@@ -91,7 +91,80 @@ def _parser() -> argparse.ArgumentParser:
         help="profile an unmodified training script: pipeprof run train.py [its arguments]",
         add_help=False,
     )
+    sub.add_parser(
+        "tune",
+        help="try the loader's settings for real and propose the best as an edit: pipeprof "
+        "tune train.py [its arguments]",
+        add_help=False,
+    )
     return p
+
+
+def _tune_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pipeprof tune",
+        usage="pipeprof tune [options] (script.py | -m module) [script arguments]",
+        description="Profile a training script, then rerun it with the DataLoader settings the "
+        "profile points at (num_workers, prefetch_factor, persistent_workers, pin_memory, the "
+        "sharing strategy, threads), each applied without editing it and measured in "
+        "interleaved rounds; print what each measured and the edit of the DataLoader(...) call "
+        "that makes the best one (docs/tune.md).",
+    )
+    p.add_argument("--batches", type=_positive, default=60,
+                   help="batches of the loop each run measures (60; the first 5 are its warm-up "
+                   "and not counted); the script is ended after them")  # fmt: skip
+    p.add_argument("--budget", type=_duration, default=600.0, metavar="TIME",
+                   help="the whole tune's time: 10m, 90s, 600 (10m); what ran by then "
+                   "decides")  # fmt: skip
+    p.add_argument("--rounds", type=_positive, default=3,
+                   help="runs of each setting, interleaved with the others (3)")  # fmt: skip
+    p.add_argument("--try", dest="tries", action="append", default=[], type=_try,
+                   metavar="KNOB=VALUE[,KNOB=VALUE]", help="also try this setting, e.g. "
+                   "num_workers=6,prefetch_factor=8; repeatable")  # fmt: skip
+    p.add_argument("--apply", action="store_true",
+                   help="write the proposed edit into the script")  # fmt: skip
+    p.add_argument("-o", "--out", default=None,
+                   help="also write the tune's result here, as JSON")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def _duration(text: str) -> float:
+    """Seconds, minutes or hours: ``600``, ``90s``, ``10m``, ``1h``."""
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(text[-1:].lower())
+    x = _seconds(text[:-1] if scale else text) * (scale or 1.0)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"expected a time above 0 (e.g. 10m), got {text!r}")
+    return x
+
+
+_TRY_KINDS = {"num_workers": int, "prefetch_factor": int, "persistent_workers": bool,
+              "pin_memory": bool, "sharing_strategy": str, "torch_threads": int,
+              "worker_threads": int}  # fmt: skip
+
+
+def _try(text: str) -> dict[str, Any]:
+    """``num_workers=6,pin_memory=true``: one setting for --try."""
+    out: dict[str, Any] = {}
+    for part in text.split(","):
+        name, eq, value = part.partition("=")
+        kind = _TRY_KINDS.get(name.strip())
+        if not eq or kind is None:
+            raise argparse.ArgumentTypeError(
+                f"expected KNOB=VALUE with KNOB one of {', '.join(_TRY_KINDS)}, got {part!r}")
+        value = value.strip()
+        if kind is bool:
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise argparse.ArgumentTypeError(f"{name}: expected true or false, got {value!r}")
+            out[name.strip()] = value.lower() in ("true", "1")
+        elif kind is int:
+            out[name.strip()] = _count(value)
+        elif value not in ("file_system", "file_descriptor"):
+            raise argparse.ArgumentTypeError(
+                f"{name}: expected file_system or file_descriptor, got {value!r}")
+        else:
+            out[name.strip()] = value
+    return out
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -110,6 +183,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=_positive, default=None,
                    help="stop profiling after this many batches (all loaders together); the "
                    "script runs on unprofiled")  # fmt: skip
+    p.add_argument("--end-script", action="store_true",
+                   help="with --batches: end the script (exit status 0) once they are "
+                   "profiled, instead of letting it run on unprofiled")  # fmt: skip
     p.add_argument("--sample-hz", type=float, default=10.0,
                    help="GPU and host sampling rate (10; 0 turns sampling off)")  # fmt: skip
     p.add_argument("--stage-every", type=_positive, default=STAGE_EVERY,
@@ -172,7 +248,8 @@ def _log_target(text: str) -> tuple[str, dict[str, str]]:
     return tool, {_LOG_OPTION[tool]: where} if where else {}
 
 
-def _split_run(argv: list[str]) -> tuple[list[str], str | None, bool, list[str]]:
+def _split_run(argv: list[str], valued: set[str] | None = None,
+               ) -> tuple[list[str], str | None, bool, list[str]]:
     """``pipeprof run``'s own options, the script or module, and the script's arguments (all
     after the script is the script's, as with ``python``)."""
     i, dashes = 0, 0
@@ -188,7 +265,7 @@ def _split_run(argv: list[str]) -> tuple[list[str], str | None, bool, list[str]]
             return argv[:i], argv[i + 1], True, rest[1:] if rest[:1] == ["--"] else rest
         if not a.startswith("-") or a == "-":
             break
-        i += 2 if a in _RUN_VALUED else 1
+        i += 2 if a in (_RUN_VALUED if valued is None else valued) else 1
     if i >= len(argv):
         return argv[: i - dashes], None, False, []
     rest = argv[i + 1 :]
@@ -518,6 +595,8 @@ def cmd_run(argv: list[str]) -> int:
         parser.error("give the training script to run (pipeprof run train.py) or -m module")
     if not opts.sample_hz >= 0:
         parser.error("--sample-hz must be 0 or more")
+    if opts.end_script and opts.batches is None:
+        parser.error("--end-script ends the script once --batches N are profiled: give --batches")
     runner.check_target(target, module)
     if opts.nvtx:  # before the script runs, not at its first batch
         try:
@@ -549,7 +628,7 @@ def cmd_run(argv: list[str]) -> int:
         batches=opts.batches, sample_hz=opts.sample_hz, regions=not opts.no_regions,
         nvtx=opts.nvtx, stage_every=opts.stage_every, snapshot=opts.out,
         snapshot_s=opts.snapshot_s, hang_s=opts.hang_s, live=opts.live,
-        metrics_port=opts.metrics_port,
+        metrics_port=opts.metrics_port, end_script=opts.end_script,
     )  # fmt: skip
     run.on_stop = lambda: outputs.run_outputs(run, opts, interrupted=False, gather=False)
     run.on_job = lambda: outputs.job_outputs(run, opts)
@@ -572,8 +651,84 @@ def cmd_run(argv: list[str]) -> int:
     return runner.end_like(ended)
 
 
+_TUNE_VALUED = {"--batches", "--budget", "--rounds", "--try", "-o", "--out"}
+
+
+def cmd_tune(argv: list[str]) -> int:
+    """``pipeprof tune`` (pipeprof/tune.py): the table on stdout, progress on stderr."""
+    from pipeprof import tune
+    from pipeprof.attach import run as runner
+    from pipeprof.render import tune as shown
+
+    opts_argv, target, module, script_args = _split_run(argv, _TUNE_VALUED)
+    parser = _tune_parser()
+    opts = parser.parse_args(opts_argv)
+    if target is None:
+        parser.error("give the training script to tune (pipeprof tune train.py) or -m module")
+    runner.check_target(target, module)
+    if opts.out:
+        _check_writable(opts.out)
+    if opts.apply and module:
+        parser.error("--apply edits a script file: give the script's path, not -m")
+    console = Console(stderr=True)
+    with _progress(console, opts.quiet) as show:
+        tuner = tune.Tuner(target, script_args, module=module, batches=opts.batches,
+                           rounds=opts.rounds, budget_s=opts.budget, tries=opts.tries,
+                           progress=show)  # fmt: skip
+        try:
+            result = tuner.tune()
+        except tune.TuneError as exc:
+            error(str(exc))
+            return 2
+    out = Console()
+    if not out.is_terminal:  # a log or a pipe: wide enough for the table's rows
+        out = Console(width=120)
+    out.print(shown.table(result))
+    if opts.out:
+        _write(shown.as_json(result), opts.out)
+    if opts.apply and result["changed"]:
+        path = tune.apply(result, target)
+        error(f"applied: {path} now makes the loader with {result['chosen_setting']}")
+    return 0
+
+
+def _progress(console: Console, quiet: bool) -> Any:
+    """A rich progress bar on stderr; its ``show(what, done, total)``."""
+    import contextlib
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if quiet:
+        return contextlib.nullcontext(lambda what, done, total: None)
+
+    @contextlib.contextmanager
+    def shown() -> Any:
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=console, transient=True)  # fmt: skip
+        task = bar.add_task("pipeprof tune", total=None)
+        with bar:
+            def show(what: str, done: int, total: int) -> None:
+                bar.update(task, description=f"pipeprof tune: {what}", completed=done,
+                           total=total or None)  # fmt: skip
+                if not console.is_terminal:
+                    console.print(f"pipeprof tune: {what}", highlight=False)
+
+            yield show
+
+    return shown()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:
+        try:
+            return cmd_tune(argv[1:])
+        except (OSError, ValueError) as exc:
+            error(_os_message(exc) if isinstance(exc, OSError) else str(exc))
+            return 2
+        except KeyboardInterrupt:
+            error("interrupted")
+            return INTERRUPTED
     if argv[:1] == ["run"]:
         try:
             return cmd_run(argv[1:])

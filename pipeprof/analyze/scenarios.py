@@ -197,6 +197,36 @@ def worker_cpu_share(report: dict[str, Any]) -> float | None:
     return sum(shares) / len(shares) if shares else None
 
 
+def worker_rows(
+    report: dict[str, Any], cores: int, ks: list[int], model: Model | None = None,
+    floor: dict[str, Any] | None = None, basis: str = "",
+) -> list[dict[str, Any]]:
+    """The what-if's rows for ``ks`` workers: the rate each would run at (a training loop's,
+    with the loader's alone as ``loader_samples_per_s``), what limits it, and the budget it
+    exceeds. ``pipeprof tune`` reads the promises of the worker counts it tries here."""
+    model = model or from_report(report, cores)
+    if model is None:
+        return []
+    if floor is None:
+        floor = loop_floor(report.get("loop") or {}, model.batch_size,
+                           handover=not handover_overlapped(report))  # fmt: skip
+    occupied = training_cores(report, cores)
+    others = (other_load(report) or {}).get("other_cores", 0.0)
+    held = budget(report, cores)  # NOTE [ The workers' budget ] in budget.py
+    rows = []
+    for k in ks:
+        res = solve(model, k)
+        row = {"kind": "workers", "workers": k, "limit": res["limit"], "basis": basis,
+               "samples_per_s": round(res["samples_per_s"], 1),
+               "exceeds": limit(held, k)}  # fmt: skip
+        if floor:  # a training loop: the rate it runs at, and the loader's alone, labelled
+            row["loader_samples_per_s"] = row["samples_per_s"]
+            row["samples_per_s"] = round(loop_rate(model, floor, k, occupied, others), 1)
+            row["training_cores"] = occupied
+        rows.append(row)
+    return rows
+
+
 def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
     """The Report's ``what_if`` list: throughput at other worker counts, the ceiling, the
     workers that feed the measured compute, and the limiting stage made 2× faster or cached."""
@@ -215,22 +245,12 @@ def report_what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[s
     n = int(facts["n_workers"])
     floor = loop_floor(report.get("loop") or {}, model.batch_size,
                        handover=not handover_overlapped(report))  # fmt: skip
-    occupied = training_cores(report, cores)
-    others = (other_load(report) or {}).get("other_cores", 0.0)
     measured = measured_rate(report["loop"], model.batch_size) if floor else None
+    ks = sorted({1, 2, 4, 8, cores, max(1, cores - 1), max(1, n)})
     out: list[dict[str, Any]] = []
-    held = budget(report, cores)  # NOTE [ The workers' budget ] in budget.py
-    for k in sorted({1, 2, 4, 8, cores, max(1, cores - 1), max(1, n)}):
-        res = solve(model, k)
-        row = {"kind": "workers", "workers": k, "limit": res["limit"], "basis": basis,
-               "samples_per_s": round(res["samples_per_s"], 1),
-               "exceeds": limit(held, k)}  # fmt: skip
-        if floor:  # a training loop: the rate it runs at, and the loader's alone, labelled
-            row["loader_samples_per_s"] = row["samples_per_s"]
-            row["samples_per_s"] = round(loop_rate(model, floor, k, occupied, others), 1)
-            row["training_cores"] = occupied
-            if k == n and measured:  # the model's figure beside what this run did with them
-                row["measured_samples_per_s"] = round(measured, 1)
+    for row in worker_rows(report, cores, ks, model, floor, basis):
+        if floor and row["workers"] == n and measured:  # the model's figure beside the run's
+            row["measured_samples_per_s"] = round(measured, 1)
         out.append(row)
     top, top_k = ceiling(model)
     out.append({"kind": "ceiling", "workers": top_k, "samples_per_s": _round(top),

@@ -80,6 +80,14 @@ SNAPSHOT_NOTE = ("a snapshot of a run still going: pipeprof run saves one every 
                  "failure), or is still going")  # fmt: skip
 
 
+class EndScript(SystemExit):
+    """Ends the script from inside its loop, with status 0: ``pipeprof run --end-script`` once
+    ``--batches`` are profiled, and each trial of ``pipeprof tune`` (attach/trial.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
 class Terminated(BaseException):
     """Raised in the script by SIGTERM or SIGHUP (``signum``) so that it unwinds and the outputs
     get written; the process then ends by that signal."""
@@ -192,8 +200,10 @@ class Run:
         hang_s: float = HANG_S,
         live: bool = False,
         metrics_port: str | None = None,
+        end_script: bool = False,
     ) -> None:
         self.batches = batches
+        self.end_script = end_script  # --end-script: EndScript once ``batches`` are profiled
         self.metrics_port = metrics_port  # attach/metrics.py: served from the first pass
         self.metrics: Any = None
         self.live: Any = live  # NOTE [ The live view ] in collect/live.py: True, then the view
@@ -442,6 +452,8 @@ class Run:
                         self.stop_profiling(f"--batches {self.batches} reached")
                         if self.on_stop is not None:
                             self.on_stop()
+                        if self.end_script:
+                            raise EndScript()
                 yield batch
         finally:
             p.alive = False

@@ -1,0 +1,168 @@
+"""``pipeprof tune``'s choices, as pure functions over reports and measured rates (docs/tune.md):
+which settings to try first, which trials to drop, and whether the best one beats the script's
+own settings by more than the noise.
+
+NOTE [ Tuning ]
+Candidates come from the baseline's profile first: the worker counts the what-if model ranks
+best (with the rate each is promised), the ``workers-needed`` finding's count, the counts next
+to the best one, and the script's own. Then, at the winning worker count, one knob at a time
+where a finding points at it: ``persistent_workers`` where the workers restarted each epoch,
+``prefetch_factor`` 4 where the loop waited for data, ``pin_memory`` on a CUDA device, the
+``file_system`` sharing strategy where the hand-over cost, and the training process's threads
+on a CPU-trained loop. A knob is kept only where it won.
+
+Trials are measured in rounds: every setting still in once a round, in a shuffled order, so
+that the machine's drift lands on all of them alike. After each round, a setting whose best
+rate is under ``DROP`` of the leader's median is dropped (clearly worse); one trial is stopped
+halfway when its rate so far is under ``FLOOR`` of the leader's. The winner is the setting with
+the best median rate; it replaces the script's own settings only where it beat them in every
+round that ran both, by ``MIN_GAIN`` or more at the median, with a 95 % interval of the gain
+(t over the rounds' log ratios) above 1: a pipeline that is already at its best is left as it
+is, and no chosen setting measured slower than the script's own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+DROP = 0.80  # a setting whose best round is under this share of the leader's median is dropped
+FLOOR = 0.60  # a trial whose rate halfway is under this share of the leader's is stopped there
+MIN_GAIN = 1.03  # the least median gain (with every paired round a gain) that changes a setting
+PROCESS_KNOBS = ("sharing_strategy", "torch_threads", "worker_threads")
+KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", *PROCESS_KNOBS)
+
+
+def current(report: dict[str, Any]) -> dict[str, Any]:
+    """The script's own settings, as the baseline's profile saw them."""
+    meta = report.get("meta") or {}
+    n = int(meta.get("num_workers") or 0)
+    return {
+        "num_workers": n,
+        "prefetch_factor": meta.get("prefetch_factor") if n else None,
+        "persistent_workers": bool(meta.get("persistent_workers")) if n else False,
+        "pin_memory": bool(meta.get("pin_memory")),
+        "sharing_strategy": meta.get("sharing_strategy"),
+        "torch_threads": meta.get("torch_threads"),
+    }
+
+
+def worker_counts(report: dict[str, Any], cores: int, most: int | None = None) -> list[int]:
+    """The worker counts to try first: the script's own, the what-if's best (the fewest within
+    3 % of its top rate), its neighbours, and the ``workers-needed`` finding's count."""
+    most = most or max(8, 2 * cores)
+    n = current(report)["num_workers"]
+    rows = [r for r in report.get("what_if") or [] if r.get("kind") == "workers"]
+    ks = {n}
+    usable = [r for r in rows if not r.get("exceeds") and r["workers"] <= most]
+    if usable:
+        top = max(r["samples_per_s"] for r in usable)
+        best = min(r["workers"] for r in usable if r["samples_per_s"] >= 0.97 * top)
+        ks |= {best, best - 1, best + 1}
+    for f in report.get("findings") or []:
+        if f.get("id") == "workers-needed":
+            k = (f.get("evidence") or {}).get("workers_needed")
+            if isinstance(k, int):
+                ks |= {k, k + 1}
+    if not usable and not n:
+        ks |= {1, 2}
+    return sorted(k for k in ks if 0 <= k <= most)
+
+
+def knob_candidates(report: dict[str, Any], workers: int, cores: int) -> list[dict[str, Any]]:
+    """The knobs to try one at a time at ``workers`` workers, each where a finding or the
+    loop's own figures point at it (NOTE [ Tuning ])."""
+    now = current(report)
+    meta = report.get("meta") or {}
+    ids = {f.get("id") for f in report.get("findings") or []}
+    verdict = report.get("verdict") or {}
+    loop = report.get("loop") or {}
+    out: list[dict[str, Any]] = []
+    if workers:
+        restarts = (loop.get("epochs") or 0) > 1 or "slow-startup" in ids
+        if restarts and not now["persistent_workers"]:
+            out.append({"persistent_workers": True})
+        if verdict.get("kind") == "input-bound" and (now["prefetch_factor"] or 2) < 4:
+            out.append({"prefetch_factor": 4})
+        if "handover" in ids and now["sharing_strategy"] == "file_descriptor":
+            out.append({"sharing_strategy": "file_system"})
+    device = str(meta.get("device") or "")
+    if device.startswith("cuda") and not now["pin_memory"]:
+        out.append({"pin_memory": True})
+    threads = now["torch_threads"]
+    if not device.startswith("cuda") and threads and workers and cores > 1:
+        spare = max(1, cores - workers)
+        if spare != threads:
+            out.append({"torch_threads": spare})
+    return out
+
+
+def promised(report: dict[str, Any], settings: dict[str, Any],
+             rows: list[dict[str, Any]]) -> float | None:
+    """The rate the baseline's what-if promised for ``settings`` (its worker count; the other
+    knobs are not in the model), from ``rows`` (scenarios.worker_rows)."""
+    if set(settings) - {"num_workers"}:
+        return None
+    k = settings.get("num_workers")
+    for row in rows:
+        if row["workers"] == k:
+            return float(row["samples_per_s"])
+    return None
+
+
+def median(rates: list[float]) -> float | None:
+    return statistics.median(rates) if rates else None
+
+
+def leader(rates: dict[str, list[float]]) -> str | None:
+    """The setting with the best median rate."""
+    ranked = [(statistics.median(r), key) for key, r in rates.items() if r]
+    return max(ranked)[1] if ranked else None
+
+
+def dropped(rates: dict[str, list[float]], keep: set[str]) -> set[str]:
+    """Settings clearly worse than the leader: their best round under DROP of its median
+    (never those in ``keep``: the baseline, the leader)."""
+    top = leader(rates)
+    if top is None:
+        return set()
+    bar = DROP * statistics.median(rates[top])
+    return {k for k, r in rates.items() if r and k not in keep | {top} and max(r) < bar}
+
+
+def gain(paired: list[tuple[float, float]]) -> dict[str, Any] | None:
+    """A setting's gain over the baseline from rounds that ran both (``(rate, baseline)``):
+    the median ratio, its range, and a 95 % interval (t on the log ratios, two rounds or
+    more)."""
+    ratios = [a / b for a, b in paired if a and b]
+    if not ratios:
+        return None
+    out: dict[str, Any] = {
+        "ratio": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
+        "rounds": len(ratios), "interval": None,
+    }  # fmt: skip
+    if len(ratios) >= 2:
+        logs = [math.log(r) for r in ratios]
+        mean, sd = statistics.mean(logs), statistics.stdev(logs)
+        t = T95[min(len(logs) - 2, len(T95) - 1)]
+        half = t * sd / math.sqrt(len(logs))
+        out["interval"] = [math.exp(mean - half), math.exp(mean + half)]
+    return out
+
+
+T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)  # two-sided, df 1..10
+
+
+def beats(g: dict[str, Any] | None) -> bool:
+    """Enough to change the script: a gain in every paired round, MIN_GAIN at the median, and
+    (two rounds or more) a 95 % interval above 1."""
+    if g is None or g["low"] <= 1.0 or g["ratio"] < MIN_GAIN:
+        return False
+    return g["interval"] is None or g["interval"][0] > 1.0
+
+
+def key(settings: dict[str, Any]) -> str:
+    """A setting's name in the table: its knobs, in KNOBS' order."""
+    parts = [f"{k}={settings[k]}" for k in KNOBS if k in settings]
+    return ", ".join(parts) or "as it is"

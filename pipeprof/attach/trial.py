@@ -1,0 +1,248 @@
+"""One trial of ``pipeprof tune`` (docs/tune.md): the script run as Python runs it, with settings
+applied to one DataLoader where the script makes it, that loader's rate measured, and the script
+ended once enough batches came.
+
+    python -m pipeprof.attach.trial SPEC.json script.py [its arguments]
+
+SPEC is JSON: ``site`` (the loader's ``file.py:line``, as ``pipeprof run`` labels it),
+``settings`` (the knobs below), ``batches``, ``warmup``, ``floor`` (samples/s; None) and
+``out``, where the result goes as JSON as soon as it is known.
+
+NOTE [ A trial ]
+Nothing else of pipeprof runs: no profile, no sampler, no region. The loader made at ``site``
+gets the settings as arguments of its ``DataLoader(...)`` call (bound to torch's signature,
+positional ones too), and its passes are counted as the training loop takes their batches: the
+rate is the samples of batches ``warmup + 1`` to ``batches`` over the wall time from batch
+``warmup`` to the last, so the first workers' start is left out, and every later epoch's start
+(what ``persistent_workers`` saves) is in. At the last batch, or halfway when the rate so far is
+under ``floor`` (clearly worse than the best trial so far: stopped early), the result is written
+and ``EndScript`` (a ``SystemExit`` with status 0) ends the script from inside its loop, so
+that its loaders shut their workers down as they do at any exit.
+
+Process-wide knobs are set where the proposed edit sets them (attach/edit.py), just before the
+loader is made: ``torch_threads`` (``torch.set_num_threads``) and ``sharing_strategy``
+(``torch.multiprocessing.set_sharing_strategy``). ``worker_threads`` sets torch's and OpenCV's
+thread counts in each worker (a ``worker_init_fn`` around the script's own).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+import time
+from typing import Any
+
+from pipeprof.attach.labels import Loaders
+from pipeprof.attach.patches import Patches
+from pipeprof.attach.run import EndScript, _AfterImport, _remove_hook, check_target, execute
+from pipeprof.core.batch import batch_size
+
+LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+
+
+class WorkerThreads:
+    """A worker's ``worker_init_fn``: torch's and OpenCV's thread counts, then the script's own
+    function (picklable, for spawn)."""
+
+    def __init__(self, threads: int, then: Any) -> None:
+        self.threads, self.then = threads, then
+
+    def __call__(self, worker_id: int) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        cv2 = sys.modules.get("cv2")
+        if cv2 is not None:
+            cv2.setNumThreads(self.threads)
+        if self.then is not None:
+            self.then(worker_id)
+
+
+def loader_arguments(bound: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The DataLoader call's arguments with ``settings`` applied, kept valid for torch: no
+    ``prefetch_factor`` or ``persistent_workers`` without workers."""
+    out = dict(bound)
+    for knob in LOADER_KNOBS:
+        if knob in settings:
+            out[knob] = settings[knob]
+    if not out.get("num_workers"):
+        out["prefetch_factor"] = None
+        out["persistent_workers"] = False
+    if "worker_threads" in settings:
+        out["worker_init_fn"] = WorkerThreads(settings["worker_threads"], out.get("worker_init_fn"))
+    return out
+
+
+class Meter:
+    """The target loader's batches, counted as the loop takes them (NOTE [ A trial ])."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.batches = int(spec["batches"])
+        self.warmup = min(int(spec.get("warmup", 5)), self.batches - 1)
+        self.floor = spec.get("floor")
+        self.out = spec["out"]
+        self.seen = 0
+        self.samples = 0
+        self.passes = 0
+        self.t_begin = time.perf_counter()
+        self.t_warm: float | None = None
+        self.first_batch_s: float | None = None
+        self.written = False
+
+    def rate(self, now: float) -> float | None:
+        if self.t_warm is None or now <= self.t_warm or not self.samples:
+            return None
+        return self.samples / (now - self.t_warm)
+
+    def tick(self, batch: Any) -> None:
+        now = time.perf_counter()
+        self.seen += 1
+        if self.first_batch_s is None:
+            self.first_batch_s = now - self.t_begin
+        if self.seen == self.warmup or (self.warmup == 0 and self.t_warm is None):
+            self.t_warm = now
+        elif self.seen > self.warmup:
+            self.samples += batch_size(batch)
+        if self.seen >= self.batches:
+            self.finish("done", now)
+        halfway = self.warmup + max(1, (self.batches - self.warmup) // 2)
+        if self.floor and self.seen == halfway:
+            rate = self.rate(now)
+            if rate is not None and rate < self.floor:
+                self.finish("stopped early", now)
+
+    def finish(self, ended: str, now: float | None = None, error: str | None = None) -> None:
+        if not self.written:
+            now = time.perf_counter() if now is None else now
+            rate = self.rate(now)
+            result = {"ended": ended, "samples_per_s": rate, "batches": self.seen,
+                      "samples": self.samples, "passes": self.passes,
+                      "wall_s": now - self.t_warm if self.t_warm else None,
+                      "first_batch_s": self.first_batch_s, "error": error}  # fmt: skip
+            with open(self.out, "w", encoding="utf-8") as f:
+                json.dump(result, f)
+            self.written = True
+        if ended in ("done", "stopped early"):
+            raise EndScript()
+
+
+class Metered:
+    """A pass over the target loader: its iterator, each batch counted."""
+
+    def __init__(self, it: Any, meter: Meter) -> None:
+        self._it, self._meter = it, meter
+
+    def __iter__(self) -> Metered:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._it)
+        self._meter.tick(batch)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+class Trial:
+    """What ``execute`` installs around the script for one trial."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.settings: dict[str, Any] = spec.get("settings") or {}
+        self.site = spec["site"]
+        self.meter = Meter(spec)
+        self.patches = Patches()
+        self.loaders = Loaders()
+        self.targets: set[int] = set()
+        self.notes: list[str] = []
+
+    def install(self) -> None:
+        if "torch" in sys.modules:
+            self.patch_torch()
+        else:
+            hook = _AfterImport("torch", self.patch_torch, self.notes)
+            sys.meta_path.insert(0, hook)
+            self.patches.add(functools.partial(_remove_hook, hook))
+
+    def uninstall(self) -> None:
+        self.patches.undo()
+
+    def patch_torch(self) -> None:
+        import torch
+        from torch.utils.data import DataLoader
+
+        orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
+        signature = inspect.signature(orig_init)
+        trial = self
+
+        @functools.wraps(orig_init)
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            trial.loaders.remember_site(loader, name=False)
+            where = trial.loaders.sites.get(loader)
+            if where is None or where[1] != trial.site:
+                orig_init(loader, *args, **kwargs)
+                return
+            settings = trial.settings  # where the proposed edit puts them (attach/edit.py)
+            if "sharing_strategy" in settings:
+                mp = torch.multiprocessing
+                mp.set_sharing_strategy(settings["sharing_strategy"])  # type: ignore[no-untyped-call]
+            if "torch_threads" in settings:
+                torch.set_num_threads(int(settings["torch_threads"]))
+            bound = signature.bind(loader, *args, **kwargs)
+            arguments = dict(bound.arguments)
+            arguments.pop("self", None)
+            extra = arguments.pop("kwargs", {})  # a subclass's **kwargs, if it has them
+            arguments = loader_arguments({**arguments, **extra}, trial.settings)
+            orig_init(loader, **arguments)
+            trial.targets.add(id(loader))
+
+        def __iter__(loader: Any) -> Any:
+            it = orig_iter(loader)
+            if id(loader) not in trial.targets:
+                return it
+            trial.meter.passes += 1
+            return Metered(it, trial.meter)
+
+        self.patches.replace(DataLoader, "__init__", __init__)
+        self.patches.replace(DataLoader, "__iter__", __iter__)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m pipeprof.attach.trial SPEC.json script.py [args]", file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as f:
+        spec = json.load(f)
+    target, args = argv[1], argv[2:]
+    module = target == "-m"
+    if module:
+        target, args = args[0], args[1:]
+    check_target(target, module)
+    trial = Trial(spec)
+    ended = execute(trial, target, module, args)  # type: ignore[arg-type]
+    meter = trial.meter
+    if meter.written:
+        return 0
+    if not trial.targets:
+        why = f"the script made no DataLoader at {trial.site}"
+        meter.finish("no loader", error=why)
+        return 3
+    if ended is None or (isinstance(ended, SystemExit) and ended.code in (None, 0)):
+        meter.finish("script ended")  # a script shorter than the trial: what it ran
+        return 0
+    meter.finish("failed", error=f"{type(ended).__name__}: {ended}")
+    if not isinstance(ended, SystemExit):
+        import traceback
+
+        traceback.print_exception(type(ended), ended, ended.__traceback__)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

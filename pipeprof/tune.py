@@ -1,0 +1,330 @@
+"""``pipeprof tune``: try the fixes for real, keep what works (docs/tune.md).
+
+A baseline profile (``pipeprof run --batches N --end-script``) names the loader to tune and the
+settings to try first; then each setting is a trial, a fresh run of the script with it applied
+where the script makes that loader (attach/trial.py), in rounds (NOTE [ Tuning ] in
+analyze/tune.py). The result is a table of what each setting measured against what the profile
+promised, the chosen setting with its gain, and the edit of the script's ``DataLoader(...)``
+call that makes it (attach/edit.py), written with ``apply``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeprof.analyze import tune as choose
+from pipeprof.analyze.scenarios import worker_rows
+from pipeprof.attach import edit
+
+SCHEMA = "pipeprof-tune/1"
+TAIL = 2000  # characters of a failed run's stderr kept in the result
+
+
+class TuneError(RuntimeError):
+    """The tune cannot go on (the script fails on its own, no loader was profiled)."""
+
+
+def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+         cwd: str | None = None) -> tuple[int | None, str]:
+    """A child run of the script in its own process group (its workers too), killed whole at
+    ``timeout``; returns its exit status (None: timed out) and the tail of its stderr."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd,
+                                start_new_session=True)  # fmt: skip
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        except BaseException:  # Ctrl-C: the child goes with us
+            _kill(proc)
+            raise
+        if rc is None:
+            _kill(proc)
+        else:  # the script is over; a worker left behind is not ours to keep
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        err.seek(0)
+        tail = err.read().decode("utf-8", "replace")[-TAIL:]
+    return rc, tail
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+class Tuner:
+    """One tune of one script: the baseline, the trials, the choice."""
+
+    def __init__(self, target: str, args: list[str], *, module: bool = False, batches: int = 60,
+                 warmup: int = 5, rounds: int = 3, budget_s: float = 600.0,
+                 tries: list[dict[str, Any]] | None = None, workdir: str | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:  # fmt: skip
+        if batches <= warmup + 1:
+            raise ValueError(f"--batches must exceed the {warmup} warm-up batches by 2 or more")
+        self.target, self.args, self.module = target, args, module
+        self.batches, self.warmup, self.rounds = batches, warmup, rounds
+        self.budget_s = budget_s
+        self.tries = tries or []
+        self.dir = workdir or tempfile.mkdtemp(prefix="pipeprof-tune-")
+        self.progress = progress or (lambda what, done, total: None)
+        self.t0 = time.monotonic()
+        self.trial_s: list[float] = []  # each finished trial's wall time
+        self.rates: dict[str, list[float]] = {}
+        self.runs: dict[str, list[dict[str, Any]]] = {}  # each trial's result, in order
+        self.settings: dict[str, dict[str, Any]] = {}
+        self.log: list[dict[str, float]] = []  # each round's rates, by setting
+        self.failed: dict[str, str] = {}
+        self.stopped: set[str] = set()  # dropped as clearly worse
+        self.notes: list[str] = []
+        self.done = 0
+        self.planned = 0
+        self.out_of_budget = False
+
+    # ---- running -------------------------------------------------------------------------
+
+    def _script(self) -> list[str]:
+        return ["-m", self.target, *self.args] if self.module else [self.target, *self.args]
+
+    def spent(self) -> float:
+        return time.monotonic() - self.t0
+
+    def baseline(self) -> dict[str, Any]:
+        """Profile the script as it is, for ``batches`` batches, and read its report."""
+        out = os.path.join(self.dir, "baseline.json")
+        cmd = [sys.executable, "-m", "pipeprof", "run", "--batches", str(self.batches),
+               "--end-script", "-q", "--snapshot-s", "0", "--hang-s", "0", "-o", out,
+               *self._script()]  # fmt: skip
+        self.progress("profiling the script as it is", 0, 0)
+        t = time.monotonic()
+        rc, tail = _run(cmd, timeout=max(self.budget_s, 60.0))
+        self.baseline_s = time.monotonic() - t
+        report: dict[str, Any] = {}
+        if os.path.exists(out):
+            with open(out, encoding="utf-8") as f:
+                report = json.load(f)
+        elif rc != 0:
+            why = "timed out" if rc is None else f"exit status {rc}"
+            raise TuneError(f"the script failed before a batch was profiled ({why}):\n{tail}")
+        site = (report.get("meta") or {}).get("run_loader", {}).get("site")
+        if not site or report.get("mode") != "loop":
+            raise TuneError("pipeprof run profiled no training loop over a DataLoader in the "
+                            "script: pipeprof tune tunes a torch DataLoader's loop "
+                            "(docs/tune.md)")  # fmt: skip
+        if rc not in (0, None):
+            raise TuneError(f"the script failed on its own (exit status {rc}):\n{tail}")
+        return report
+
+    def trial(self, name: str, floor: float | None) -> dict[str, Any]:
+        """One run of the script with setting ``name`` applied; recorded, never fatal."""
+        settings = self.settings[name]
+        k = len(self.runs.setdefault(name, []))
+        out = os.path.join(self.dir, f"trial-{len(self.trial_s) + len(self.failed)}-{k}.json")
+        spec = {"site": self.site, "settings": settings, "batches": self.batches,
+                "warmup": self.warmup, "floor": floor, "out": out}  # fmt: skip
+        path = out + ".spec"
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        env = dict(os.environ)
+        if "torch_threads" in settings:
+            env["OMP_NUM_THREADS"] = str(settings["torch_threads"])
+        left = self.budget_s - self.spent()
+        typical = max(self.trial_s) if self.trial_s else self.baseline_s
+        timeout = max(10.0, min(left, 4 * typical + 30))
+        cmd = [sys.executable, "-m", "pipeprof.attach.trial", path, *self._script()]
+        t = time.monotonic()
+        rc, tail = _run(cmd, timeout=timeout, env=env)
+        wall = time.monotonic() - t
+        result: dict[str, Any] = {"rc": rc, "wall_s": round(wall, 3)}
+        if os.path.exists(out):
+            with open(out, encoding="utf-8") as f:
+                result.update(json.load(f))
+        if rc is None:
+            result["ended"], result["error"] = "timed out", f"no result within {timeout:.0f} s"
+        elif rc != 0 or result.get("samples_per_s") is None:
+            why = result.get("error") or _last_line(tail) or f"exit status {rc}"
+            if rc is not None and rc < 0:
+                why = f"killed by signal {-rc}" + (" (out of memory?)" if rc == -9 else "")
+            result["ended"], result["error"] = result.get("ended") or "failed", why
+        self.runs[name].append(result)
+        if result.get("error"):
+            self.failed[name] = result["error"]
+        else:
+            self.trial_s.append(wall)
+            self.rates.setdefault(name, []).append(result["samples_per_s"])
+        return result
+
+    def round(self, names: list[str], seed: int, base: str) -> None:
+        """Each setting once, in a shuffled order; pairs each with the baseline's run."""
+        order = names[:]
+        random.Random(seed).shuffle(order)
+        got: dict[str, float] = {}
+        for name in order:
+            if name in self.failed or name in self.stopped:
+                continue
+            typical = statistics_max(self.trial_s, self.baseline_s)
+            if self.spent() + typical > self.budget_s:
+                self.out_of_budget = True
+                return
+            top = choose.leader(self.rates)
+            floor = choose.FLOOR * choose.median(self.rates[top]) if top else None  # type: ignore[operator]
+            self.progress(choose.key(self.settings[name]), self.done, self.planned)
+            result = self.trial(name, floor if name != base else None)
+            self.done += 1
+            if result.get("error") is None:
+                got[name] = result["samples_per_s"]
+                if result.get("ended") == "stopped early":
+                    self.stopped.add(name)
+        self.log.append(got)
+
+    def phase(self, names: list[str], base: str, seed: int) -> None:
+        self.planned += self.rounds * len(names)
+        for r in range(self.rounds):
+            self.round(names, seed + r, base)
+            if self.out_of_budget:
+                return
+            alive = {n: self.rates.get(n, []) for n in names if n not in self.failed}
+            self.stopped |= choose.dropped(alive, keep={base})
+            left = [n for n in names if n not in self.failed and n not in self.stopped]
+            self.planned -= (self.rounds - r - 1) * (len(names) - len(left))
+            names = left
+            if len(names) <= 1:
+                return
+
+    def add(self, settings: dict[str, Any]) -> str:
+        name = choose.key(settings)
+        self.settings.setdefault(name, settings)
+        return name
+
+    # ---- the tune --------------------------------------------------------------------------
+
+    def tune(self) -> dict[str, Any]:
+        """Baseline, worker counts, then the other knobs at the best count (NOTE [ Tuning ])."""
+        report = self.baseline()
+        meta = report.get("meta") or {}
+        self.site = meta["run_loader"]["site"]
+        cores = int((report.get("host") or {}).get("cpu_count") or os.cpu_count() or 1)
+        workers = choose.current(report)["num_workers"]
+        base = self.add({})
+        counts = choose.worker_counts(report, cores)
+        rows = worker_rows(report, cores, counts)
+        names = [base] + [self.add({"num_workers": k}) for k in counts if k != workers]
+        names += [n for n in (self.add(t) for t in self.tries) if n not in names]
+        self.phase(names, base, seed=1)
+        best = self._best(base)
+        at = self.settings[best]
+        knobs = choose.knob_candidates(report, at.get("num_workers", workers), cores)
+        if knobs and not self.out_of_budget:
+            tried = {self.add({**at, **k}): k for k in knobs}
+            self.phase(list(dict.fromkeys([base, best, *tried])), base, seed=101)
+            kept = [k for name, k in tried.items() if choose.beats(self._vs(name, best))]
+            if len(kept) > 1 and not self.out_of_budget:
+                both = self.add({**at, **{a: b for k in kept for a, b in k.items()}})
+                self.phase([base, self._best(base), both], base, seed=201)
+            best = self._best(base)
+        if self.out_of_budget:
+            self.notes.append(f"the budget ({self.budget_s:.0f} s) ran out after {self.done} "
+                              "trials: the choice rests on those")  # fmt: skip
+        return self._result(report, rows, base, best)
+
+    def _vs(self, name: str, other: str) -> dict[str, Any] | None:
+        """``name``'s gain over ``other`` from the rounds that ran both."""
+        return choose.gain([(r[name], r[other]) for r in self.log if name in r and other in r])
+
+    def _best(self, base: str) -> str:
+        """The leader, where it beat the script's own settings; else the script's own."""
+        rates = {n: r for n, r in self.rates.items() if n not in self.failed}
+        ranked = sorted(rates, key=lambda n: choose.median(rates[n]) or 0.0, reverse=True)
+        for name in ranked:
+            if name == base:
+                return base
+            if choose.beats(self._vs(name, base)):
+                return name
+        return base
+
+    def _result(self, report: dict[str, Any], rows: list[dict[str, Any]], base: str,
+                best: str) -> dict[str, Any]:
+        trials = []
+        for name, settings in self.settings.items():
+            runs = self.runs.get(name, [])
+            if not runs:
+                continue
+            rates = self.rates.get(name, [])
+            trials.append({
+                "setting": name, "settings": settings, "runs": len(runs),
+                "samples_per_s": choose.median(rates), "rates": rates,
+                "promised_samples_per_s": choose.promised(report, settings, rows),
+                "vs_baseline": self._vs(name, base) if name != base else None,
+                "dropped": name in self.stopped, "error": self.failed.get(name),
+            })  # fmt: skip
+        chosen = self.settings[best]
+        changed = best != base
+        result: dict[str, Any] = {
+            "schema": SCHEMA, "script": self.target, "args": self.args,
+            "loader": (report.get("meta") or {}).get("run_loader"),
+            "baseline": choose.current(report), "verdict": (report.get("verdict") or {}).get(
+                "headline"),
+            "trials": trials, "chosen": chosen, "chosen_setting": best, "changed": changed,
+            "gain": self._vs(best, base) if changed else None,
+            "budget_s": self.budget_s, "spent_s": round(self.spent(), 1), "notes": self.notes,
+            "diff": None, "edit_error": None,
+        }  # fmt: skip
+        if changed and not self.module:
+            try:
+                result["diff"], result["new_source"] = self.proposed(chosen)
+            except (OSError, SyntaxError, edit.NoLoaderCall) as exc:
+                result["edit_error"] = str(exc)
+        return result
+
+    def proposed(self, settings: dict[str, Any]) -> tuple[str, str]:
+        """The diff of the script that makes ``settings``, and the new source."""
+        name, _, line = self.site.rpartition(":")
+        path = script_file(self.target, name)
+        source = Path(path).read_text(encoding="utf-8")
+        new = edit.edited(source, int(line), settings)
+        return edit.diff(os.path.relpath(path), source, new), new
+
+
+def script_file(target: str, base: str) -> str:
+    """The file a loader was made in (``base``, a file name): the script, or a file next to it."""
+    script = os.path.abspath(target)
+    if os.path.basename(script) == base:
+        return script
+    near = os.path.join(os.path.dirname(script), base)
+    if os.path.exists(near):
+        return near
+    raise edit.NoLoaderCall(f"the loader was made in {base}, not found next to the script")
+
+
+def statistics_max(values: list[float], default: float) -> float:
+    return max(values) if values else default
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def apply(result: dict[str, Any], target: str) -> str:
+    """Write the proposed edit into the script's file; returns the path written."""
+    if not result.get("changed") or not result.get("new_source"):
+        raise TuneError("nothing to apply: the script's settings are already the best found")
+    site = (result.get("loader") or {}).get("site", "")
+    path = script_file(target, site.rpartition(":")[0])
+    Path(path).write_text(result["new_source"], encoding="utf-8")
+    return path

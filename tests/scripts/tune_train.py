@@ -1,0 +1,51 @@
+"""A training script for the tests of ``pipeprof tune`` (tests/test_tune.py): storage-like
+loading (a sleep per sample, which more workers overlap) and a step that sleeps (an accelerator's
+kernels). No pipeprof in it."""
+
+import argparse
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Storage(Dataset):
+    def __init__(self, n, ms):
+        self.n, self.ms = n, ms
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.ms / 1000)
+        return torch.full((8,), float(i % 7)), i % 2
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--load-ms", type=float, default=4.0)
+    p.add_argument("--step-ms", type=float, default=8.0)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--context", default=None)
+    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--crash-workers", type=int, default=-1, help="fail with this many workers")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    loader = DataLoader(
+        Storage(args.samples, args.load_ms),
+        batch_size=8,
+        shuffle=True,
+        num_workers=args.workers,
+        multiprocessing_context=args.context,
+    )
+    if loader.num_workers == args.crash_workers:
+        raise MemoryError(f"out of memory with {loader.num_workers} workers")
+    for epoch in range(args.epochs):
+        for x, y in loader:
+            time.sleep(args.step_ms / 1000)
+        print(f"epoch {epoch}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

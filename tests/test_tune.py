@@ -1,0 +1,229 @@
+"""``pipeprof tune`` (docs/tune.md): real scripts run as subprocesses under fork and spawn, each
+trial a real run with its settings applied, and the edit it proposes checked line by line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeprof.analyze import tune as choose
+from pipeprof.attach.edit import NoLoaderCall, edited
+
+SCRIPT = Path(__file__).parent / "scripts" / "tune_train.py"
+
+
+def _pipeprof(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeprof", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout)  # fmt: skip
+
+
+# ---- the edit ------------------------------------------------------------------------------
+
+
+def test_the_edit_replaces_and_adds_arguments_in_the_calls_own_layout():
+    src = (
+        "import torch\n"
+        "def main(ds):\n"
+        "    loader = DataLoader(\n"
+        "        ds,\n"
+        "        batch_size=8,\n"
+        "        num_workers=args.workers,\n"
+        "    )\n"
+        "    other = DataLoader(ds, 4, True, None, None, 2)\n"
+        "    last = data.DataLoader(ds)\n"
+    )
+    new = edited(src, 3, {"num_workers": 4, "persistent_workers": True})
+    assert "        num_workers=4,\n        persistent_workers=True,\n    )\n" in new
+    assert "args.workers" not in new
+    assert new.replace("num_workers=4,\n        persistent_workers=True,",
+                       "num_workers=args.workers,") == src  # the rest byte for byte
+    # positional num_workers is replaced where it is; a new keyword goes after the last argument
+    new = edited(src, 8, {"num_workers": 6, "pin_memory": True})
+    assert "    other = DataLoader(ds, 4, True, None, None, 6, pin_memory=True)\n" in new
+    new = edited(src, 9, {"num_workers": 3, "sharing_strategy": "file_system",
+                          "torch_threads": 1})  # fmt: skip
+    assert new.endswith(
+        "    torch.multiprocessing.set_sharing_strategy(\"file_system\")\n"
+        "    torch.set_num_threads(1)\n"
+        "    last = data.DataLoader(ds, num_workers=3)\n"
+    )
+    # no workers: no prefetch_factor or persistent_workers left to fail torch's check
+    new = edited("DataLoader(ds, num_workers=2, prefetch_factor=4, persistent_workers=True)\n",
+                 1, {"num_workers": 0})  # fmt: skip
+    assert new == "DataLoader(ds, num_workers=0, prefetch_factor=None, persistent_workers=False)\n"
+    with pytest.raises(NoLoaderCall):
+        edited("x = 1\n", 1, {"num_workers": 2})
+
+
+# ---- the choices -----------------------------------------------------------------------------
+
+
+def test_a_setting_is_chosen_only_when_it_wins_every_paired_round():
+    assert choose.beats(choose.gain([(110, 100), (108, 101), (112, 100)]))
+    # a gain at the median, but one round lost: noise, kept as it is
+    assert not choose.beats(choose.gain([(130, 100), (99, 100), (120, 100)]))
+    # every round a gain, but under 3 %: not worth an edit
+    assert not choose.beats(choose.gain([(101, 100), (102, 100), (101.5, 100)]))
+    # every round a gain, but too spread out to tell from noise (95 % interval under 1)
+    assert not choose.beats(choose.gain([(102, 100), (108, 100)]))
+    assert not choose.beats(None)
+    rates = {"as it is": [100.0, 104.0], "num_workers=4": [300.0, 310.0], "num_workers=8": [200.0]}
+    assert choose.leader(rates) == "num_workers=4"
+    assert choose.dropped(rates, keep={"as it is"}) == {"num_workers=8"}
+
+
+def test_worker_counts_come_from_the_what_if_and_the_finding():
+    report = {
+        "meta": {"num_workers": 1, "prefetch_factor": 2, "torch_threads": 2},
+        "what_if": [{"kind": "workers", "workers": k, "samples_per_s": r, "exceeds": e}
+                    for k, r, e in ((1, 100, None), (2, 190, None), (4, 300, None),
+                                    (8, 305, "ram"))],
+        "findings": [{"id": "workers-needed", "evidence": {"workers_needed": 5}}],
+    }  # fmt: skip
+    # 4 is the what-if's best (8 is past the RAM), with its neighbours; 5 and 6 the finding's
+    assert choose.worker_counts(report, cores=2) == [1, 3, 4, 5, 6]
+    knobs = choose.knob_candidates(
+        {**report, "verdict": {"kind": "input-bound"}, "loop": {"epochs": 3}}, 4, cores=2)
+    assert {"persistent_workers": True} in knobs and {"prefetch_factor": 4} in knobs
+    # a CPU-trained loop with 4 workers on 2 cores: the training process keeps 1 thread
+    assert {"torch_threads": 1} in knobs
+    # near misses: one epoch, a compute-bound loop, a process already at that thread count
+    quiet = {**report, "meta": {**report["meta"], "torch_threads": 1},
+             "verdict": {"kind": "compute-bound"}, "loop": {"epochs": 1}}  # fmt: skip
+    assert choose.knob_candidates(quiet, 4, cores=2) == []
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+def _tune(tmp: Path, *args: str, script_args: tuple[str, ...] = ()) -> tuple[
+        subprocess.CompletedProcess[str], dict]:  # fmt: skip
+    script = tmp / "tune_train.py"
+    if not script.exists():
+        shutil.copy(SCRIPT, script)
+    res = _pipeprof("tune", "-o", "tune.json", *args, "tune_train.py", *script_args, cwd=tmp,
+                    timeout=400)  # fmt: skip
+    data = json.loads((tmp / "tune.json").read_text()) if (tmp / "tune.json").exists() else {}
+    return res, data
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit(tmp_path, context):
+    """4 ms of storage latency a sample, 8 a batch, one worker, a 4 ms step: the loop waits
+    for data ~85 % of the time, and more workers overlap the latency. Under spawn, the script
+    also fails with 2 workers (as if out of memory): that trial is recorded, never fatal."""
+    crash = ("--crash-workers", "2") if context == "spawn" else ()
+    res, data = _tune(tmp_path, "--apply", "--batches", "25", "--rounds", "2", "--budget", "5m",
+                      "--try", "num_workers=2,prefetch_factor=3",
+                      script_args=("--samples", "512", "--load-ms", "4", "--step-ms", "4",
+                                   "--context", context, *crash))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert data["schema"] == "pipeprof-tune/1"
+    assert data["loader"]["site"] == "tune_train.py:35"
+    assert data["baseline"]["num_workers"] == 1
+    trials = {t["setting"]: t for t in data["trials"]}
+    base = trials["as it is"]
+    assert base["samples_per_s"] and base["runs"] >= 2
+    assert data["changed"], data
+    chosen = data["chosen"]
+    assert chosen["num_workers"] >= 3
+    assert data["gain"]["low"] > 1.0 and data["gain"]["ratio"] >= 1.5
+    # the chosen setting measured faster than the script's own, and was promised a rate
+    assert trials[data["chosen_setting"]]["samples_per_s"] > 1.5 * base["samples_per_s"]
+    promised = [t for t in data["trials"] if t["promised_samples_per_s"]]
+    assert promised, "the worker counts carry the what-if's promise"
+    tried = trials["num_workers=2, prefetch_factor=3"]
+    if crash:  # the script fails with 2 workers: recorded, and the tune went on
+        assert "MemoryError" in tried["error"] and tried["samples_per_s"] is None
+        assert "failed: MemoryError" in res.stdout
+    else:
+        assert tried["error"] is None and tried["samples_per_s"]
+    # the diff: the script's own line replaced, nothing else
+    diff = data["diff"]
+    assert f"-        num_workers=args.workers,\n+        num_workers={chosen['num_workers']},\n" \
+        in diff
+    assert "pipeprof tune: loader (tune_train.py:35)" in res.stdout
+    assert "chosen" in res.stdout and "+        num_workers=" in res.stdout
+    # --apply wrote it: the script now makes its loader that way, and runs
+    text = (tmp_path / "tune_train.py").read_text()
+    assert f"        num_workers={chosen['num_workers']},\n" in text
+    assert "num_workers=args.workers" not in text
+    assert f"applied: {tmp_path / 'tune_train.py'}" in res.stderr
+    res = subprocess.run([sys.executable, "tune_train.py", "--samples", "32", "--epochs", "1",
+                          "--load-ms", "0", "--context", context], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0 and "epoch 0" in res.stdout, res.stderr
+
+
+def test_a_loop_already_at_its_best_is_left_as_it_is(tmp_path):
+    """The near miss: 8 ms of loading a batch over 2 workers and a 15 ms step; the loop is
+    compute-bound, more workers cannot make it faster and fewer would not be faster."""
+    res, data = _tune(tmp_path, "--batches", "25", "--rounds", "2", "--budget", "4m",
+                      script_args=("--samples", "2048", "--load-ms", "1", "--step-ms", "15",
+                                   "--workers", "2"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert not data["changed"], data["trials"]
+    assert data["diff"] is None and data["gain"] is None
+    assert "keep the script as it is" in res.stdout
+    assert (tmp_path / "tune_train.py").read_bytes() == SCRIPT.read_bytes()
+
+
+def test_bad_input_gets_a_clear_error(tmp_path):
+    res = _pipeprof("tune", "missing.py", cwd=tmp_path)
+    assert res.returncode == 2 and "no such script" in res.stderr
+    res = _pipeprof("tune", "--budget", "soon", "x.py", cwd=tmp_path)
+    assert res.returncode == 2 and "--budget" in res.stderr
+    res = _pipeprof("tune", "--try", "workers=3", "x.py", cwd=tmp_path)
+    assert res.returncode == 2 and "num_workers" in res.stderr
+    (tmp_path / "noloader.py").write_text("print('no loader here')\n")
+    res = _pipeprof("tune", "noloader.py", cwd=tmp_path)
+    assert res.returncode == 2 and "no training loop over a DataLoader" in res.stderr
+    (tmp_path / "fails.py").write_text("raise SystemExit('bad arguments')\n")
+    res = _pipeprof("tune", "fails.py", cwd=tmp_path)
+    assert res.returncode == 2 and "bad arguments" in res.stderr
+
+
+def test_run_end_script_stops_the_script_once_the_batches_are_profiled(tmp_path):
+    shutil.copy(SCRIPT, tmp_path / "tune_train.py")
+    res = _pipeprof("run", "--batches", "10", "--end-script", "-q", "-o", "r.json",
+                    "tune_train.py", "--samples", "64", "--load-ms", "0", "--epochs", "3",
+                    cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    # 8 batches an epoch: the script was ended inside its second, at the 10th batch
+    assert "epoch 0" in res.stdout and "epoch 1" not in res.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["loop"]["steps"] == 10
+    res = _pipeprof("run", "--end-script", "tune_train.py", cwd=tmp_path)
+    assert res.returncode == 2 and "give --batches" in res.stderr
+
+
+def test_a_trial_applies_its_settings_where_the_loader_is_made(tmp_path):
+    shutil.copy(SCRIPT, tmp_path / "tune_train.py")
+    out = tmp_path / "trial.json"
+    spec = {"site": "tune_train.py:35", "settings": {"num_workers": 0}, "batches": 12,
+            "warmup": 2, "floor": None, "out": str(out)}  # fmt: skip
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    # --crash-workers 0: the script itself fails if its loader has 0 workers, as the trial set
+    res = subprocess.run([sys.executable, "-m", "pipeprof.attach.trial", "spec.json",
+                          "tune_train.py", "--crash-workers", "0", "--load-ms", "0"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = json.loads(out.read_text())
+    assert res.returncode == 1 and result["ended"] == "failed"
+    assert "MemoryError: out of memory with 0 workers" in result["error"]
+    spec["settings"] = {"num_workers": 2, "persistent_workers": True}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    res = subprocess.run([sys.executable, "-m", "pipeprof.attach.trial", "spec.json",
+                          "tune_train.py", "--samples", "64", "--load-ms", "0"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = json.loads(out.read_text())
+    assert res.returncode == 0, res.stderr
+    assert result["ended"] == "done" and result["batches"] == 12
+    assert result["samples"] == 10 * 8  # batches 3 to 12 counted, 8 samples each
+    assert result["passes"] == 2  # 8 batches an epoch: the loop was in its second
+    assert "epoch 0" in res.stdout and "epoch 1" not in res.stdout
