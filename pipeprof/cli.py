@@ -123,6 +123,9 @@ def _tune_parser() -> argparse.ArgumentParser:
                    "num_workers=6,prefetch_factor=8; repeatable")  # fmt: skip
     p.add_argument("--apply", action="store_true",
                    help="write the proposed edit into the script")  # fmt: skip
+    p.add_argument("--no-ladder", action="store_true",
+                   help="no ceiling ladder (its three runs at the chosen setting: compute "
+                   "alone, no hand-over, a cold page cache)")  # fmt: skip
     p.add_argument("-o", "--out", default=None,
                    help="also write the tune's result here, as JSON")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -674,7 +677,7 @@ def cmd_tune(argv: list[str]) -> int:
     with _progress(console, opts.quiet) as show:
         tuner = tune.Tuner(target, script_args, module=module, batches=opts.batches,
                            rounds=opts.rounds, budget_s=opts.budget, tries=opts.tries,
-                           progress=show)  # fmt: skip
+                           progress=show, ladder=not opts.no_ladder)  # fmt: skip
         try:
             result = tuner.tune()
         except tune.TuneError as exc:

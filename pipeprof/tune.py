@@ -74,12 +74,15 @@ class Tuner:
     def __init__(self, target: str, args: list[str], *, module: bool = False, batches: int = 60,
                  warmup: int = 5, rounds: int = 3, budget_s: float = 600.0,
                  tries: list[dict[str, Any]] | None = None, workdir: str | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> None:  # fmt: skip
+                 progress: Callable[[str, int, int], None] | None = None,
+                 prune: bool = True, ladder: bool = True) -> None:  # fmt: skip
         if batches <= warmup + 1:
             raise ValueError(f"--batches must exceed the {warmup} warm-up batches by 2 or more")
         self.target, self.args, self.module = target, args, module
         self.batches, self.warmup, self.rounds = batches, warmup, rounds
         self.budget_s = budget_s
+        self.prune = prune  # drop clearly worse settings, stop trials halfway (not: every run)
+        self.ladder = ladder  # the ceiling ladder's runs after the choice
         self.tries = tries or []
         self.dir = workdir or tempfile.mkdtemp(prefix="pipeprof-tune-")
         self.progress = progress or (lambda what, done, total: None)
@@ -132,11 +135,12 @@ class Tuner:
 
     def trial(self, name: str, floor: float | None) -> dict[str, Any]:
         """One run of the script with setting ``name`` applied; recorded, never fatal."""
-        settings = self.settings[name]
+        settings = {k: v for k, v in self.settings[name].items() if k != "_mode"}
+        mode = self.settings[name].get("_mode")
         k = len(self.runs.setdefault(name, []))
         out = os.path.join(self.dir, f"trial-{len(self.trial_s) + len(self.failed)}-{k}.json")
         spec = {"site": self.site, "settings": settings, "batches": self.batches,
-                "warmup": self.warmup, "floor": floor, "out": out}  # fmt: skip
+                "warmup": self.warmup, "floor": floor, "out": out, "mode": mode}  # fmt: skip
         path = out + ".spec"
         with open(path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
@@ -184,7 +188,7 @@ class Tuner:
             top = choose.leader(self.rates)
             floor = choose.FLOOR * choose.median(self.rates[top]) if top else None  # type: ignore[operator]
             self.progress(choose.key(self.settings[name]), self.done, self.planned)
-            result = self.trial(name, floor if name != base else None)
+            result = self.trial(name, floor if name != base and self.prune else None)
             self.done += 1
             if result.get("error") is None:
                 got[name] = result["samples_per_s"]
@@ -198,8 +202,9 @@ class Tuner:
             self.round(names, seed + r, base)
             if self.out_of_budget:
                 return
-            alive = {n: self.rates.get(n, []) for n in names if n not in self.failed}
-            self.stopped |= choose.dropped(alive, keep={base})
+            if self.prune:
+                alive = {n: self.rates.get(n, []) for n in names if n not in self.failed}
+                self.stopped |= choose.dropped(alive, keep={base})
             left = [n for n in names if n not in self.failed and n not in self.stopped]
             self.planned -= (self.rounds - r - 1) * (len(names) - len(left))
             names = left
@@ -240,7 +245,36 @@ class Tuner:
         if self.out_of_budget:
             self.notes.append(f"the budget ({self.budget_s:.0f} s) ran out after {self.done} "
                               "trials: the choice rests on those")  # fmt: skip
-        return self._result(report, rows, base, best)
+        result = self._result(report, rows, base, best)
+        if self.ladder and not self.out_of_budget:
+            result["ladder"] = self.climb(report, base, best)
+        return result
+
+    def climb(self, report: dict[str, Any], base: str, best: str) -> dict[str, Any] | None:
+        """The ceiling ladder's runs at the chosen setting, once each (NOTE [ The ceiling
+        ladder ] in analyze/tune.py)."""
+        at = self.settings[best]
+        modes = ["replay", "cold"]
+        if at.get("num_workers", choose.current(report)["num_workers"]):
+            modes.insert(1, "nothing")
+        names = {"replay": "compute alone", "nothing": "no hand-over", "cold": "cold page cache"}
+        measured: dict[str, float | None] = {}
+        for mode in modes:
+            typical = statistics_max(self.trial_s, self.baseline_s)
+            if self.spent() + typical > self.budget_s:
+                self.notes.append("the budget ran out before the ceiling ladder's runs")
+                break
+            self.progress(f"ceiling ladder: {names[mode]}", self.done, self.planned)
+            name = self.add({**at, "_mode": mode})
+            result = self.trial(name, None)
+            ok = not result.get("error") and result.get("cold_processes") != 0
+            measured[names[mode]] = result.get("samples_per_s") if ok else None
+            if result.get("cold_processes") == 0:
+                self.notes.append("the script read no file through Python's open(): no cold "
+                                  "page cache rung")  # fmt: skip
+        return choose.ladder(choose.median(self.rates.get(base, [])),
+                             choose.median(self.rates.get(best, [])) if best != base else None,
+                             measured, choose.model_ceiling(report))  # fmt: skip
 
     def _vs(self, name: str, other: str) -> dict[str, Any] | None:
         """``name``'s gain over ``other`` from the rounds that ran both."""
@@ -262,7 +296,7 @@ class Tuner:
         trials = []
         for name, settings in self.settings.items():
             runs = self.runs.get(name, [])
-            if not runs:
+            if not runs or "_mode" in settings:  # the ladder's runs: in its own table
                 continue
             rates = self.rates.get(name, [])
             trials.append({

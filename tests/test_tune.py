@@ -119,8 +119,9 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
     for data ~85 % of the time, and more workers overlap the latency. Under spawn, the script
     also fails with 2 workers (as if out of memory): that trial is recorded, never fatal."""
     crash = ("--crash-workers", "2") if context == "spawn" else ()
+    ladder = () if context == "fork" else ("--no-ladder",)
     res, data = _tune(tmp_path, "--apply", "--batches", "25", "--rounds", "2", "--budget", "5m",
-                      "--try", "num_workers=2,prefetch_factor=3",
+                      *ladder, "--try", "num_workers=2,prefetch_factor=3",
                       script_args=("--samples", "512", "--load-ms", "4", "--step-ms", "4",
                                    "--context", context, *crash))  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -144,6 +145,13 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
         assert "failed: MemoryError" in res.stdout
     else:
         assert tried["error"] is None and tried["samples_per_s"]
+    if context == "fork":  # the ladder: replayed batches run faster than any loader setting
+        rungs = {r["rung"]: r for r in data["ladder"]["rungs"]}
+        assert rungs["compute alone"]["samples_per_s"] > rungs["tuned"]["samples_per_s"]
+        assert "cold page cache" not in rungs  # it reads no file
+        assert "the ceiling ladder" in res.stdout
+    else:
+        assert "ladder" not in data
     # the diff: the script's own line replaced, nothing else
     diff = data["diff"]
     assert f"-        num_workers=args.workers,\n+        num_workers={chosen['num_workers']},\n" \
@@ -164,7 +172,7 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
 def test_a_loop_already_at_its_best_is_left_as_it_is(tmp_path):
     """The near miss: 8 ms of loading a batch over 2 workers and a 15 ms step; the loop is
     compute-bound, more workers cannot make it faster and fewer would not be faster."""
-    res, data = _tune(tmp_path, "--batches", "25", "--rounds", "2", "--budget", "4m",
+    res, data = _tune(tmp_path, "--batches", "25", "--rounds", "2", "--budget", "4m", "--no-ladder",
                       script_args=("--samples", "2048", "--load-ms", "1", "--step-ms", "15",
                                    "--workers", "2"))  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -227,3 +235,87 @@ def test_a_trial_applies_its_settings_where_the_loader_is_made(tmp_path):
     assert result["samples"] == 10 * 8  # batches 3 to 12 counted, 8 samples each
     assert result["passes"] == 2  # 8 batches an epoch: the loop was in its second
     assert "epoch 0" in res.stdout and "epoch 1" not in res.stdout
+
+
+# ---- the ceiling ladder ----------------------------------------------------------------------
+
+FILES_SCRIPT = '''
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Files(Dataset):
+    def __init__(self, folder):
+        self.paths = sorted(os.path.join(folder, f) for f in os.listdir(folder))
+    def __len__(self):
+        return len(self.paths)
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            return torch.frombuffer(bytearray(f.read(64)), dtype=torch.uint8).float()
+
+if __name__ == "__main__":
+    loader = DataLoader(Files(sys.argv[1]), batch_size=4, num_workers=int(sys.argv[2]),
+                        multiprocessing_context=sys.argv[3] if len(sys.argv) > 3 else None)
+    for epoch in range(100):
+        for x in loader:
+            time.sleep(0.001)
+'''
+
+
+def _trial(tmp: Path, script: str, mode: str | None, *args: str, settings=None, batches=12):
+    out = tmp / f"trial-{mode}.json"
+    line = next(i for i, text in enumerate((tmp / script).read_text().splitlines(), 1)
+                if "DataLoader(" in text and "import" not in text)  # fmt: skip
+    spec = {"site": f"{script}:{line}", "settings": settings or {}, "batches": batches,
+            "warmup": 2, "floor": None, "out": str(out), "mode": mode}  # fmt: skip
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    res = subprocess.run([sys.executable, "-m", "pipeprof.attach.trial", "spec.json", script,
+                          *args], cwd=tmp, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_cold_trial_drops_the_files_it_reads_from_the_page_cache(tmp_path, context):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(32):
+        (data / f"{i:03}.bin").write_bytes(os.urandom(4096))
+    (tmp_path / "files.py").write_text(FILES_SCRIPT)
+    result = _trial(tmp_path, "files.py", "cold", str(data), "2", context)
+    # both workers of each of the 2 epochs (8 batches each) read cold
+    assert result["ended"] == "done" and result["cold_processes"] == 4
+    result = _trial(tmp_path, "files.py", "cold", str(data), "0")
+    assert result["cold_processes"] == 1  # the training process itself
+    # the near miss: a pipeline that reads no file has no cold rung to measure
+    shutil.copy(SCRIPT, tmp_path / "tune_train.py")
+    result = _trial(tmp_path, "tune_train.py", "cold", "--load-ms", "0", "--context", context)
+    assert result["ended"] == "done" and result["cold_processes"] == 0
+
+
+def test_compute_alone_and_no_hand_over_replay_real_batches(tmp_path):
+    """4 ms of storage a sample, 8 a batch, in the training process, and a 4 ms step: replaying
+    the warm-up's batches leaves the step alone, about 9x faster. With the workers handing over
+    nothing, the loop still gets a batch every step (it unpacks each: None would fail it)."""
+    shutil.copy(SCRIPT, tmp_path / "tune_train.py")
+    args = ("--load-ms", "4", "--step-ms", "4")
+    plain = _trial(tmp_path, "tune_train.py", None, *args, "--workers", "0")
+    alone = _trial(tmp_path, "tune_train.py", "replay", *args, "--workers", "0")
+    assert alone["samples_per_s"] > 3 * plain["samples_per_s"]
+    nothing = _trial(tmp_path, "tune_train.py", "nothing", *args, "--workers", "2")
+    assert nothing["ended"] == "done" and nothing["samples"] == 10 * 8
+
+
+def test_the_ladder_orders_its_rungs_and_names_the_next():
+    steps = choose.ladder(100.0, 250.0, {"compute alone": 1000.0, "no hand-over": 300.0,
+                                         "cold page cache": 60.0}, 400.0)  # fmt: skip
+    assert [r["rung"] for r in steps["rungs"]] == [
+        "cold page cache", "as it is", "tuned", "no hand-over",
+        "stages at their best worker counts", "compute alone"]  # fmt: skip
+    assert steps["next"] == "no hand-over"  # the lowest rung 5 % or more above the tuned 250
+    shares = {r["rung"]: r["recovered"] for r in steps["rungs"]}
+    assert shares["compute alone"] == pytest.approx(0.9) and shares["tuned"] == pytest.approx(0.6)
+    # near miss: a rung within 5 % of the tuned rate is not the next one
+    steps = choose.ladder(100.0, 250.0, {"no hand-over": 260.0, "compute alone": 270.0}, None)
+    assert steps["next"] == "compute alone"
+    assert choose.ladder(100.0, None, {"compute alone": 102.0}, None)["next"] is None

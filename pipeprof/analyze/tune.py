@@ -164,5 +164,61 @@ def beats(g: dict[str, Any] | None) -> bool:
 
 def key(settings: dict[str, Any]) -> str:
     """A setting's name in the table: its knobs, in KNOBS' order."""
-    parts = [f"{k}={settings[k]}" for k in KNOBS if k in settings]
+    parts = [f"{k}={settings[k]}" for k in (*KNOBS, "_mode") if k in settings]
     return ", ".join(parts) or "as it is"
+
+
+# NOTE [ The ceiling ladder ]
+# How fast the loop could go, rung by rung, from runs of the script at the chosen setting:
+# - "cold page cache": every file read dropped from the page cache first (NOTE [ A cold page
+#   cache ] in attach/trial.py), against the warm runs of the tune;
+# - "as it is", and the chosen setting ("tuned");
+# - "no hand-over": workers make each batch and hand over nothing, the training process replays
+#   the first batches (what the hand-over costs: the pickling, the shared memory, the queue);
+# - "stages at their best worker counts": the what-if model's ceiling for the loader, capped by
+#   the loop's data-free rate (a model, not a run);
+# - "compute alone": the first batches replayed, no loader at all: the step's own rate.
+# Each rung's share of the step time it recovers is 1 - (as it is) / (its rate). The next rung to
+# climb, once the edit is applied, is the lowest one above the chosen setting by NEXT_RUNG or
+# more.
+NEXT_RUNG = 1.05
+RUNGS = {
+    "cold page cache": "reads from a cold page cache (a dataset larger than the RAM, a first "
+    "epoch): a local copy, a cache, or faster storage",
+    "as it is": "the script's own settings",
+    "tuned": "the chosen setting: apply the edit",
+    "no hand-over": "the hand-over of batches to the training process: fewer, larger tensors a "
+    "batch, the file_system sharing strategy, or decode on the device",
+    "stages at their best worker counts": "the loader's stages (the what-if model): more cores, "
+    "or cheaper stages (pipeprof bench)",
+    "compute alone": "the training step itself: the data pipeline is no longer the limit",
+}
+
+
+def model_ceiling(report: dict[str, Any]) -> float | None:
+    """The what-if's ceiling for the loader, capped by the loop's data-free rate."""
+    rows = {r.get("kind"): r for r in report.get("what_if") or []}
+    top = (rows.get("ceiling") or {}).get("samples_per_s")
+    free = (rows.get("data-free") or {}).get("samples_per_s")
+    if top is None:
+        return None
+    return float(min(top, free) if free else top)
+
+
+def ladder(base: float | None, tuned: float | None, measured: dict[str, float | None],
+           model: float | None) -> dict[str, Any] | None:
+    """The rungs (NOTE [ The ceiling ladder ]), slowest first, each with its rate, its share of
+    the step time recovered from the script as it is, and what climbs it; and the next one."""
+    if not base:
+        return None
+    rates: dict[str, float | None] = {"as it is": base, "tuned": tuned, **measured,
+                                      "stages at their best worker counts": model}  # fmt: skip
+    rungs: list[dict[str, Any]] = [
+        {"rung": name, "samples_per_s": rate, "recovered": 1 - base / rate,
+         "measured": name != "stages at their best worker counts", "what": RUNGS[name]}
+        for name, rate in rates.items() if rate
+    ]  # fmt: skip
+    rungs.sort(key=lambda r: r["samples_per_s"])
+    at = max(base, tuned or 0.0)
+    above = [r for r in rungs if r["samples_per_s"] >= NEXT_RUNG * at]
+    return {"rungs": rungs, "next": above[0]["rung"] if above else None}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -42,27 +43,93 @@ from pipeprof.core.batch import batch_size
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 
 
-class WorkerThreads:
-    """A worker's ``worker_init_fn``: torch's and OpenCV's thread counts, then the script's own
-    function (picklable, for spawn)."""
+class WorkerInit:
+    """A worker's ``worker_init_fn``: torch's and OpenCV's thread counts, the cold page cache,
+    then the script's own function (picklable, for spawn)."""
 
-    def __init__(self, threads: int, then: Any) -> None:
-        self.threads, self.then = threads, then
+    def __init__(self, threads: int | None, cold: str | None, then: Any) -> None:
+        self.threads, self.cold, self.then = threads, cold, then
 
     def __call__(self, worker_id: int) -> None:
-        import torch
+        if self.threads is not None:
+            import torch
 
-        torch.set_num_threads(self.threads)
-        cv2 = sys.modules.get("cv2")
-        if cv2 is not None:
-            cv2.setNumThreads(self.threads)
+            torch.set_num_threads(self.threads)
+            cv2 = sys.modules.get("cv2")
+            if cv2 is not None:
+                cv2.setNumThreads(self.threads)
+        if self.cold:
+            cold_reads(self.cold)
         if self.then is not None:
             self.then(worker_id)
 
 
-def loader_arguments(bound: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+class Nothing:
+    """A worker's collate that hands over nothing: the batch is made, then dropped, after each
+    worker's first ``keep`` (the ladder's hand-over rung; the training process replays those)."""
+
+    def __init__(self, collate: Any, keep: int = 2) -> None:
+        self.collate, self.keep, self.made = collate, keep, 0
+
+    def __call__(self, samples: Any) -> Any:
+        batch = self.collate(samples)
+        self.made += 1
+        return batch if self.made <= self.keep else None
+
+
+# NOTE [ A cold page cache ]
+# In a "cold" trial every file opened for reading, outside Python's own installation, is first
+# dropped from the page cache (``posix_fadvise(DONTNEED)``: no root needed; pages another
+# process maps stay), so each read comes from the disk as on a first epoch over a dataset larger
+# than the RAM. Seen through Python's audit hook ("open"): files Python opens (``open``, PIL,
+# NumPy, pandas); not those a C library opens itself (h5py, torchvision's ``read_file``).
+_COLD: dict[str, Any] = {"on": False, "busy": False, "opens": 0, "dir": None}
+_SKIP = ("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix)
+
+
+def cold_reads(folder: str) -> None:
+    """From now on, this process reads cold; the first file it drops leaves a mark in
+    ``folder`` (a file named after its pid), so the trial knows whether any process read one."""
+    if not _COLD["on"]:
+        _COLD["on"], _COLD["dir"] = True, folder
+        sys.addaudithook(_cold_open)
+
+
+def _cold_open(event: str, args: tuple[Any, ...]) -> None:
+    if event != "open" or _COLD["busy"] or len(args) < 3:
+        return
+    path, mode, flags = args[:3]
+    if not isinstance(path, (str, bytes)):
+        return
+    if isinstance(mode, str) and any(c in mode for c in "wax+"):
+        return
+    if isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR):
+        return
+    name = os.fsdecode(path)
+    if name.startswith(_SKIP) or name.endswith((".py", ".pyc", ".so")):
+        return
+    _COLD["busy"] = True
+    try:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            _COLD["opens"] += 1
+            if _COLD["opens"] == 1:
+                with open(os.path.join(_COLD["dir"], str(os.getpid())), "w"):
+                    pass
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    finally:
+        _COLD["busy"] = False
+
+
+def loader_arguments(bound: dict[str, Any], settings: dict[str, Any],
+                     mode: str | None = None, cold: str | None = None) -> dict[str, Any]:
     """The DataLoader call's arguments with ``settings`` applied, kept valid for torch: no
-    ``prefetch_factor`` or ``persistent_workers`` without workers."""
+    ``prefetch_factor`` or ``persistent_workers`` without workers. ``mode``: a rung of the
+    ceiling ladder (NOTE [ The ceiling ladder ] in analyze/tune.py)."""
     out = dict(bound)
     for knob in LOADER_KNOBS:
         if knob in settings:
@@ -70,8 +137,14 @@ def loader_arguments(bound: dict[str, Any], settings: dict[str, Any]) -> dict[st
     if not out.get("num_workers"):
         out["prefetch_factor"] = None
         out["persistent_workers"] = False
-    if "worker_threads" in settings:
-        out["worker_init_fn"] = WorkerThreads(settings["worker_threads"], out.get("worker_init_fn"))
+    threads = settings.get("worker_threads")
+    if out.get("num_workers") and (threads is not None or mode == "cold"):
+        folder = cold if mode == "cold" else None
+        out["worker_init_fn"] = WorkerInit(threads, folder, out.get("worker_init_fn"))
+    if mode == "nothing" and out.get("num_workers"):
+        from torch.utils.data import default_collate
+
+        out["collate_fn"] = Nothing(out.get("collate_fn") or default_collate)
     return out
 
 
@@ -90,6 +163,13 @@ class Meter:
         self.t_warm: float | None = None
         self.first_batch_s: float | None = None
         self.written = False
+        self.mode = spec.get("mode")  # None, or a rung of the ladder: replay, nothing, cold
+        self.cold = spec["out"] + ".cold"  # the processes that read cold mark themselves here
+        if self.mode == "cold":
+            os.makedirs(self.cold, exist_ok=True)
+            for mark in os.listdir(self.cold):  # an earlier trial's
+                os.remove(os.path.join(self.cold, mark))
+        self.cache: list[Any] = []  # the warm-up's batches, replayed by "replay" and "nothing"
 
     def rate(self, now: float) -> float | None:
         if self.t_warm is None or now <= self.t_warm or not self.samples:
@@ -120,7 +200,9 @@ class Meter:
             result = {"ended": ended, "samples_per_s": rate, "batches": self.seen,
                       "samples": self.samples, "passes": self.passes,
                       "wall_s": now - self.t_warm if self.t_warm else None,
-                      "first_batch_s": self.first_batch_s, "error": error}  # fmt: skip
+                      "first_batch_s": self.first_batch_s, "error": error, "mode": self.mode,
+                      "cold_processes": len(os.listdir(self.cold))
+                      if self.mode == "cold" else None}  # fmt: skip
             with open(self.out, "w", encoding="utf-8") as f:
                 json.dump(result, f)
             self.written = True
@@ -138,8 +220,17 @@ class Metered:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self._it)
-        self._meter.tick(batch)
+        meter = self._meter
+        mode = meter.mode
+        if mode == "replay" and meter.cache and meter.seen >= meter.warmup:
+            batch = meter.cache[meter.seen % len(meter.cache)]  # compute alone: no loading
+        else:
+            batch = next(self._it)
+            if batch is None and mode == "nothing" and meter.cache:  # the workers sent nothing
+                batch = meter.cache[meter.seen % len(meter.cache)]
+            elif mode in ("replay", "nothing") and len(meter.cache) < max(1, meter.warmup):
+                meter.cache.append(batch)
+        meter.tick(batch)
         return batch
 
     def __len__(self) -> int:
@@ -163,6 +254,8 @@ class Trial:
         self.notes: list[str] = []
 
     def install(self) -> None:
+        if self.meter.mode == "cold":  # this process's reads (workers: WorkerInit, or forked)
+            cold_reads(self.meter.cold)
         if "torch" in sys.modules:
             self.patch_torch()
         else:
@@ -198,7 +291,8 @@ class Trial:
             arguments = dict(bound.arguments)
             arguments.pop("self", None)
             extra = arguments.pop("kwargs", {})  # a subclass's **kwargs, if it has them
-            arguments = loader_arguments({**arguments, **extra}, trial.settings)
+            meter = trial.meter
+            arguments = loader_arguments({**arguments, **extra}, settings, meter.mode, meter.cold)
             orig_init(loader, **arguments)
             trial.targets.add(id(loader))
 
@@ -244,5 +338,7 @@ def main(argv: list[str]) -> int:
     return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # run as pipeprof.attach.trial, so that spawn workers can unpickle
+    from pipeprof.attach import trial  # its worker_init_fn and collate (not from __main__)
+
+    sys.exit(trial.main(sys.argv[1:]))

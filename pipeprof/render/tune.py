@@ -62,6 +62,9 @@ def table(data: dict[str, Any]) -> RenderableType:
     else:
         parts.append(Text("keep the script as it is: no setting tried beat it in every round "
                           "by 3 % or more", style="bold"))  # fmt: skip
+    steps = data.get("ladder")
+    if steps:
+        parts.append(_ladder(steps))
     for note in data.get("notes") or []:
         parts.append(Text(f"note: {note}", style="dim"))
     if data.get("diff"):
@@ -70,6 +73,22 @@ def table(data: dict[str, Any]) -> RenderableType:
     elif data.get("edit_error"):
         parts.append(Text(f"set {chosen} where the loader is made ({data['edit_error']})"))
     return Group(*parts)
+
+
+def _ladder(steps: dict[str, Any]) -> RenderableType:
+    """The ceiling ladder (NOTE [ The ceiling ladder ] in analyze/tune.py), slowest first."""
+    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", title_justify="left",
+              title="the ceiling ladder: how fast the loop could go")  # fmt: skip
+    for name, justify in (("rung", "left"), ("samples/s", "right"), ("of the step", "right"),
+                          ("what limits it, and what climbs it", "left")):  # fmt: skip
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in steps["rungs"]:
+        nxt = r["rung"] == steps.get("next")
+        label = r["rung"] + ("" if r["measured"] else " (model)") + ("  ← next" if nxt else "")
+        share = "" if r["rung"] == "as it is" else f"{r['recovered']:+.0%}"
+        t.add_row(Text(label, style="bold" if nxt else ""), num(r["samples_per_s"]), share,
+                  r["what"])  # fmt: skip
+    return t
 
 
 def as_json(data: dict[str, Any]) -> str:
