@@ -14,6 +14,7 @@ import pytest
 
 from pipeprof.analyze import tune as choose
 from pipeprof.attach.edit import NoLoaderCall, edited
+from pipeprof.tune import Tuner
 
 SCRIPT = Path(__file__).parent / "scripts" / "tune_train.py"
 
@@ -126,7 +127,7 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
                                    "--context", context, *crash))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert data["schema"] == "pipeprof-tune/1"
-    assert data["loader"]["site"] == "tune_train.py:35"
+    assert data["loader"]["site"] == "tune_train.py:38"
     assert data["baseline"]["num_workers"] == 1
     trials = {t["setting"]: t for t in data["trials"]}
     base = trials["as it is"]
@@ -156,7 +157,7 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
     diff = data["diff"]
     assert f"-        num_workers=args.workers,\n+        num_workers={chosen['num_workers']},\n" \
         in diff
-    assert "pipeprof tune: loader (tune_train.py:35)" in res.stdout
+    assert "pipeprof tune: loader (tune_train.py:38)" in res.stdout
     assert "chosen" in res.stdout and "+        num_workers=" in res.stdout
     # --apply wrote it: the script now makes its loader that way, and runs
     text = (tmp_path / "tune_train.py").read_text()
@@ -197,6 +198,24 @@ def test_bad_input_gets_a_clear_error(tmp_path):
     assert res.returncode == 2 and "bad arguments" in res.stderr
 
 
+def test_a_killed_trial_is_recorded_and_the_budget_bounds_the_tune(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(SCRIPT, tmp_path / "tune_train.py")
+    tuner = Tuner("tune_train.py", ["--load-ms", "0", "--kill-workers", "3"], batches=10,
+                  warmup=2, budget_s=120)  # fmt: skip
+    tuner.site, tuner.baseline_s = "tune_train.py:38", 10.0
+    result = tuner.trial(tuner.add({"num_workers": 3}), None)
+    assert result["rc"] == -9 and result["error"] == "killed by signal 9 (out of memory?)"
+    assert tuner.failed == {"num_workers=3": result["error"]} and not tuner.rates
+    result = tuner.trial(tuner.add({"num_workers": 2}), None)
+    assert result["error"] is None and tuner.rates["num_workers=2"] == [result["samples_per_s"]]
+    # a budget spent by the baseline: no trial runs, the script is kept as it is, and said so
+    tuner = Tuner("tune_train.py", ["--load-ms", "0"], batches=10, warmup=2, budget_s=1)
+    result = tuner.tune()
+    assert not result["changed"] and result["trials"] == []
+    assert "the budget (1 s) ran out after 0 trials" in result["notes"][0]
+
+
 def test_run_end_script_stops_the_script_once_the_batches_are_profiled(tmp_path):
     shutil.copy(SCRIPT, tmp_path / "tune_train.py")
     res = _pipeprof("run", "--batches", "10", "--end-script", "-q", "-o", "r.json",
@@ -214,7 +233,7 @@ def test_run_end_script_stops_the_script_once_the_batches_are_profiled(tmp_path)
 def test_a_trial_applies_its_settings_where_the_loader_is_made(tmp_path):
     shutil.copy(SCRIPT, tmp_path / "tune_train.py")
     out = tmp_path / "trial.json"
-    spec = {"site": "tune_train.py:35", "settings": {"num_workers": 0}, "batches": 12,
+    spec = {"site": "tune_train.py:38", "settings": {"num_workers": 0}, "batches": 12,
             "warmup": 2, "floor": None, "out": str(out)}  # fmt: skip
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     # --crash-workers 0: the script itself fails if its loader has 0 workers, as the trial set

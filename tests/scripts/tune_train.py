@@ -3,6 +3,8 @@ loading (a sleep per sample, which more workers overlap) and a step that sleeps 
 kernels). No pipeprof in it."""
 
 import argparse
+import os
+import signal
 import time
 
 import torch
@@ -30,6 +32,7 @@ def main():
     p.add_argument("--context", default=None)
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--crash-workers", type=int, default=-1, help="fail with this many workers")
+    p.add_argument("--kill-workers", type=int, default=-1, help="SIGKILL with this many")
     args = p.parse_args()
     torch.set_num_threads(1)
     loader = DataLoader(
@@ -41,8 +44,10 @@ def main():
     )
     if loader.num_workers == args.crash_workers:
         raise MemoryError(f"out of memory with {loader.num_workers} workers")
+    if loader.num_workers == args.kill_workers:  # as the OOM killer ends a process
+        os.kill(os.getpid(), signal.SIGKILL)
     for epoch in range(args.epochs):
-        for x, y in loader:
+        for _x, _y in loader:  # unpacked: a batch of None would fail here
             time.sleep(args.step_ms / 1000)
         print(f"epoch {epoch}", flush=True)
 
