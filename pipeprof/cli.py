@@ -123,6 +123,9 @@ def _tune_parser() -> argparse.ArgumentParser:
                    "num_workers=6,prefetch_factor=8; repeatable")  # fmt: skip
     p.add_argument("--apply", action="store_true",
                    help="write the proposed edit into the script")  # fmt: skip
+    p.add_argument("--knobs", type=_knobs, default=None, metavar="KNOB[,KNOB]",
+                   help="change only these: num_workers, prefetch_factor, persistent_workers, "
+                   "pin_memory, sharing_strategy, torch_threads (all)")  # fmt: skip
     p.add_argument("--no-ladder", action="store_true",
                    help="no ceiling ladder (its three runs at the chosen setting: compute "
                    "alone, no hand-over, a cold page cache)")  # fmt: skip
@@ -144,6 +147,17 @@ def _duration(text: str) -> float:
 _TRY_KINDS = {"num_workers": int, "prefetch_factor": int, "persistent_workers": bool,
               "pin_memory": bool, "sharing_strategy": str, "torch_threads": int,
               "worker_threads": int}  # fmt: skip
+
+
+def _knobs(text: str) -> set[str]:
+    """``num_workers,prefetch_factor``: the knobs --knobs lets pipeprof tune change."""
+    names = {k.strip() for k in text.split(",") if k.strip()}
+    wrong = names - set(_TRY_KINDS) or (set() if names else {text})
+    if wrong:
+        raise argparse.ArgumentTypeError(
+            f"unknown knob {sorted(wrong)[0]!r}: expected one or more of "
+            f"{', '.join(k for k in _TRY_KINDS if k != 'worker_threads')}, comma-separated")
+    return names
 
 
 def _try(text: str) -> dict[str, Any]:
@@ -654,7 +668,7 @@ def cmd_run(argv: list[str]) -> int:
     return runner.end_like(ended)
 
 
-_TUNE_VALUED = {"--batches", "--budget", "--rounds", "--try", "-o", "--out"}
+_TUNE_VALUED = {"--batches", "--budget", "--rounds", "--try", "--knobs", "-o", "--out"}
 
 
 def cmd_tune(argv: list[str]) -> int:
@@ -677,7 +691,8 @@ def cmd_tune(argv: list[str]) -> int:
     with _progress(console, opts.quiet) as show:
         tuner = tune.Tuner(target, script_args, module=module, batches=opts.batches,
                            rounds=opts.rounds, budget_s=opts.budget, tries=opts.tries,
-                           progress=show, ladder=not opts.no_ladder)  # fmt: skip
+                           progress=show, ladder=not opts.no_ladder,
+                           knobs=opts.knobs)  # fmt: skip
         try:
             result = tuner.tune()
         except tune.TuneError as exc:
@@ -689,6 +704,8 @@ def cmd_tune(argv: list[str]) -> int:
     out.print(shown.table(result))
     if opts.out:
         _write(shown.as_json(result), opts.out)
+    if result["interrupted"]:
+        return INTERRUPTED  # what ran is shown; nothing is applied
     if opts.apply and result["changed"]:
         path = tune.apply(result, target)
         error(f"applied: {path} now makes the loader with {result['chosen_setting']}")

@@ -75,7 +75,8 @@ class Tuner:
                  warmup: int = 5, rounds: int = 3, budget_s: float = 600.0,
                  tries: list[dict[str, Any]] | None = None, workdir: str | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
-                 prune: bool = True, ladder: bool = True) -> None:  # fmt: skip
+                 prune: bool = True, ladder: bool = True,
+                 knobs: set[str] | None = None) -> None:  # fmt: skip
         if batches <= warmup + 1:
             raise ValueError(f"--batches must exceed the {warmup} warm-up batches by 2 or more")
         self.target, self.args, self.module = target, args, module
@@ -83,6 +84,7 @@ class Tuner:
         self.budget_s = budget_s
         self.prune = prune  # drop clearly worse settings, stop trials halfway (not: every run)
         self.ladder = ladder  # the ceiling ladder's runs after the choice
+        self.knobs = set(choose.KNOBS) if knobs is None else knobs  # those it may change
         self.tries = tries or []
         self.dir = workdir or tempfile.mkdtemp(prefix="pipeprof-tune-")
         self.progress = progress or (lambda what, done, total: None)
@@ -219,21 +221,43 @@ class Tuner:
     # ---- the tune --------------------------------------------------------------------------
 
     def tune(self) -> dict[str, Any]:
-        """Baseline, worker counts, then the other knobs at the best count (NOTE [ Tuning ])."""
+        """Baseline, worker counts, then the other knobs at the best count (NOTE [ Tuning ]).
+        Ctrl-C ends it with what was measured until then (``interrupted`` in the result)."""
         report = self.baseline()
         meta = report.get("meta") or {}
         self.site = meta["run_loader"]["site"]
         cores = int((report.get("host") or {}).get("cpu_count") or os.cpu_count() or 1)
-        workers = choose.current(report)["num_workers"]
         base = self.add({})
-        counts = choose.worker_counts(report, cores)
+        counts = choose.worker_counts(report, cores) if "num_workers" in self.knobs else []
         rows = worker_rows(report, cores, counts)
+        interrupted = False
+        try:
+            self.search(report, base, counts, cores)
+        except KeyboardInterrupt:
+            interrupted = True
+            self.notes.append(f"interrupted after {self.done} trials: the choice rests on those")
+        if self.out_of_budget:
+            self.notes.append(f"the budget ({self.budget_s:.0f} s) ran out after {self.done} "
+                              "trials: the choice rests on those")  # fmt: skip
+        best = self._best(base)
+        result = self._result(report, rows, base, best)
+        result["interrupted"] = interrupted
+        if self.ladder and not (self.out_of_budget or interrupted):
+            try:
+                result["ladder"] = self.climb(report, base, best)
+            except KeyboardInterrupt:
+                result["interrupted"] = True
+        return result
+
+    def search(self, report: dict[str, Any], base: str, counts: list[int], cores: int) -> None:
+        workers = choose.current(report)["num_workers"]
         names = [base] + [self.add({"num_workers": k}) for k in counts if k != workers]
         names += [n for n in (self.add(t) for t in self.tries) if n not in names]
         self.phase(names, base, seed=1)
         best = self._best(base)
         at = self.settings[best]
-        knobs = choose.knob_candidates(report, at.get("num_workers", workers), cores)
+        knobs = [k for k in choose.knob_candidates(report, at.get("num_workers", workers), cores)
+                 if set(k) <= self.knobs]  # fmt: skip
         if knobs and not self.out_of_budget:
             tried = {self.add({**at, **k}): k for k in knobs}
             self.phase(list(dict.fromkeys([base, best, *tried])), base, seed=101)
@@ -241,14 +265,6 @@ class Tuner:
             if len(kept) > 1 and not self.out_of_budget:
                 both = self.add({**at, **{a: b for k in kept for a, b in k.items()}})
                 self.phase([base, self._best(base), both], base, seed=201)
-            best = self._best(base)
-        if self.out_of_budget:
-            self.notes.append(f"the budget ({self.budget_s:.0f} s) ran out after {self.done} "
-                              "trials: the choice rests on those")  # fmt: skip
-        result = self._result(report, rows, base, best)
-        if self.ladder and not self.out_of_budget:
-            result["ladder"] = self.climb(report, base, best)
-        return result
 
     def climb(self, report: dict[str, Any], base: str, best: str) -> dict[str, Any] | None:
         """The ceiling ladder's runs at the chosen setting, once each (NOTE [ The ceiling

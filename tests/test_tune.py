@@ -120,18 +120,20 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
     for data ~85 % of the time, and more workers overlap the latency. Under spawn, the script
     also fails with 2 workers (as if out of memory): that trial is recorded, never fatal."""
     crash = ("--crash-workers", "2") if context == "spawn" else ()
-    ladder = () if context == "fork" else ("--no-ladder",)
-    res, data = _tune(tmp_path, "--apply", "--batches", "25", "--rounds", "2", "--budget", "5m",
-                      *ladder, "--try", "num_workers=2,prefetch_factor=3",
+    # spawn's trials start slower (each worker imports torch): one round, worker counts only
+    fewer = () if context == "fork" else ("--no-ladder", "--knobs", "num_workers")
+    res, data = _tune(tmp_path, "--apply", "--batches", "25", "--budget", "5m", "--rounds",
+                      "2" if context == "fork" else "1", *fewer,
+                      "--try", "num_workers=2,prefetch_factor=3",
                       script_args=("--samples", "512", "--load-ms", "4", "--step-ms", "4",
                                    "--context", context, *crash))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert data["schema"] == "pipeprof-tune/1"
-    assert data["loader"]["site"] == "tune_train.py:38"
+    assert data["loader"]["site"] == "tune_train.py:41"
     assert data["baseline"]["num_workers"] == 1
     trials = {t["setting"]: t for t in data["trials"]}
     base = trials["as it is"]
-    assert base["samples_per_s"] and base["runs"] >= 2
+    assert base["samples_per_s"] and base["runs"] >= (2 if context == "fork" else 1)
     assert data["changed"], data
     chosen = data["chosen"]
     assert chosen["num_workers"] >= 3
@@ -157,7 +159,7 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
     diff = data["diff"]
     assert f"-        num_workers=args.workers,\n+        num_workers={chosen['num_workers']},\n" \
         in diff
-    assert "pipeprof tune: loader (tune_train.py:38)" in res.stdout
+    assert "pipeprof tune: loader (tune_train.py:41)" in res.stdout
     assert "chosen" in res.stdout and "+        num_workers=" in res.stdout
     # --apply wrote it: the script now makes its loader that way, and runs
     text = (tmp_path / "tune_train.py").read_text()
@@ -172,10 +174,12 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
 
 def test_a_loop_already_at_its_best_is_left_as_it_is(tmp_path):
     """The near miss: 8 ms of loading a batch over 2 workers and a 15 ms step; the loop is
-    compute-bound, more workers cannot make it faster and fewer would not be faster."""
+    compute-bound, more workers cannot make it faster and fewer would not be faster. (The script
+    shares its tensors through the file system already: with torch's default, passing a file
+    descriptor per tensor, that strategy made this loop 10 % faster, and tune chose it.)"""
     res, data = _tune(tmp_path, "--batches", "25", "--rounds", "2", "--budget", "4m", "--no-ladder",
                       script_args=("--samples", "2048", "--load-ms", "1", "--step-ms", "15",
-                                   "--workers", "2"))  # fmt: skip
+                                   "--workers", "2", "--sharing", "file_system"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert not data["changed"], data["trials"]
     assert data["diff"] is None and data["gain"] is None
@@ -203,7 +207,7 @@ def test_a_killed_trial_is_recorded_and_the_budget_bounds_the_tune(tmp_path, mon
     shutil.copy(SCRIPT, tmp_path / "tune_train.py")
     tuner = Tuner("tune_train.py", ["--load-ms", "0", "--kill-workers", "3"], batches=10,
                   warmup=2, budget_s=120)  # fmt: skip
-    tuner.site, tuner.baseline_s = "tune_train.py:38", 10.0
+    tuner.site, tuner.baseline_s = "tune_train.py:41", 10.0
     result = tuner.trial(tuner.add({"num_workers": 3}), None)
     assert result["rc"] == -9 and result["error"] == "killed by signal 9 (out of memory?)"
     assert tuner.failed == {"num_workers=3": result["error"]} and not tuner.rates
@@ -214,6 +218,30 @@ def test_a_killed_trial_is_recorded_and_the_budget_bounds_the_tune(tmp_path, mon
     result = tuner.tune()
     assert not result["changed"] and result["trials"] == []
     assert "the budget (1 s) ran out after 0 trials" in result["notes"][0]
+
+
+def test_ctrl_c_shows_what_was_measured_and_leaves_the_script_alone(tmp_path):
+    import signal
+    import time
+
+    shutil.copy(SCRIPT, tmp_path / "tune_train.py")
+    proc = subprocess.Popen([sys.executable, "-m", "pipeprof", "tune", "--apply", "--batches",
+                             "15", "tune_train.py", "--load-ms", "2"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    seen = []
+    while len(seen) < 4:  # the baseline, then three trials begun
+        line = proc.stderr.readline()
+        assert line, "".join(seen)
+        seen.append(line)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted after 2 trials" in out or "interrupted after 3 trials" in out, out
+    assert "as it is" in out  # the table of what ran
+    assert (tmp_path / "tune_train.py").read_bytes() == SCRIPT.read_bytes()  # nothing applied
+    ps = subprocess.run(["pgrep", "-af", "pipeprof.attach.trial"], capture_output=True, text=True)
+    assert "tune_train.py" not in ps.stdout  # no trial left running
 
 
 def test_run_end_script_stops_the_script_once_the_batches_are_profiled(tmp_path):
@@ -233,7 +261,7 @@ def test_run_end_script_stops_the_script_once_the_batches_are_profiled(tmp_path)
 def test_a_trial_applies_its_settings_where_the_loader_is_made(tmp_path):
     shutil.copy(SCRIPT, tmp_path / "tune_train.py")
     out = tmp_path / "trial.json"
-    spec = {"site": "tune_train.py:38", "settings": {"num_workers": 0}, "batches": 12,
+    spec = {"site": "tune_train.py:41", "settings": {"num_workers": 0}, "batches": 12,
             "warmup": 2, "floor": None, "out": str(out)}  # fmt: skip
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     # --crash-workers 0: the script itself fails if its loader has 0 workers, as the trial set

@@ -33,8 +33,11 @@ def main():
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--crash-workers", type=int, default=-1, help="fail with this many workers")
     p.add_argument("--kill-workers", type=int, default=-1, help="SIGKILL with this many")
+    p.add_argument("--sharing", default=None, help="torch's tensor sharing strategy")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.sharing:
+        torch.multiprocessing.set_sharing_strategy(args.sharing)
     loader = DataLoader(
         Storage(args.samples, args.load_ms),
         batch_size=8,
