@@ -59,6 +59,7 @@ def exhaustive(script: Path, batches: int, rounds: int) -> tuple[dict, float, di
     t = time.monotonic()
     tuner.phase(list(dict.fromkeys(names)), base, seed=7)
     spent = time.monotonic() - t
+    tuner.close()
     medians = {n: statistics.median(r) for n, r in tuner.rates.items() if r}
     best = max(medians, key=medians.__getitem__)
     return tuner.settings[best], spent, medians
@@ -71,6 +72,7 @@ def side_by_side(script: Path, batches: int, rounds: int, settings: dict[str, di
     tuner.site = tuner.baseline()["meta"]["run_loader"]["site"]
     names = {label: tuner.add(knobs) for label, knobs in settings.items()}
     tuner.phase(list(dict.fromkeys(names.values())), tuner.add({}), seed=11)
+    tuner.close()
     return {label: {"samples_per_s": statistics.median(tuner.rates[n]), "rates": tuner.rates[n],
                     "setting": n} for label, n in names.items()}  # fmt: skip
 

@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -688,6 +689,8 @@ def cmd_tune(argv: list[str]) -> int:
     if opts.apply and module:
         parser.error("--apply edits a script file: give the script's path, not -m")
     console = Console(stderr=True)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: the trial under way ends too
+        signal.signal(signum, signal.default_int_handler)
     with _progress(console, opts.quiet) as show:
         tuner = tune.Tuner(target, script_args, module=module, batches=opts.batches,
                            rounds=opts.rounds, budget_s=opts.budget, tries=opts.tries,
@@ -698,6 +701,8 @@ def cmd_tune(argv: list[str]) -> int:
         except tune.TuneError as exc:
             error(str(exc))
             return 2
+        finally:
+            tuner.close()
     out = Console()
     if not out.is_terminal:  # a log or a pipe: wide enough for the table's rows
         out = Console(width=120)
@@ -707,6 +712,10 @@ def cmd_tune(argv: list[str]) -> int:
     if result["interrupted"]:
         return INTERRUPTED  # what ran is shown; nothing is applied
     if opts.apply and result["changed"]:
+        if not result.get("new_source"):
+            error(f"nothing applied: {result.get('edit_error')}; set {result['chosen_setting']} "
+                  "where the loader is made")  # fmt: skip
+            return 1
         path = tune.apply(result, target)
         error(f"applied: {path} now makes the loader with {result['chosen_setting']}")
     return 0

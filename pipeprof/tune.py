@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,7 @@ class Tuner:
         self.ladder = ladder  # the ceiling ladder's runs after the choice
         self.knobs = set(choose.KNOBS) if knobs is None else knobs  # those it may change
         self.tries = tries or []
+        self.own_dir = workdir is None  # removed by close()
         self.dir = workdir or tempfile.mkdtemp(prefix="pipeprof-tune-")
         self.progress = progress or (lambda what, done, total: None)
         self.t0 = time.monotonic()
@@ -97,9 +99,15 @@ class Tuner:
         self.failed: dict[str, str] = {}
         self.stopped: set[str] = set()  # dropped as clearly worse
         self.notes: list[str] = []
-        self.done = 0
-        self.planned = 0
+        self.done = 0  # trials run
+        self.planned = 0  # trials planned (the progress bar's total)
+        self.baseline_s = 60.0  # the baseline profile's wall time, once it ran
         self.out_of_budget = False
+
+    def close(self) -> None:
+        """Remove the trials' files (specs, results), where the tune made their folder."""
+        if self.own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- running -------------------------------------------------------------------------
 
@@ -140,15 +148,13 @@ class Tuner:
         settings = {k: v for k, v in self.settings[name].items() if k != "_mode"}
         mode = self.settings[name].get("_mode")
         k = len(self.runs.setdefault(name, []))
-        out = os.path.join(self.dir, f"trial-{len(self.trial_s) + len(self.failed)}-{k}.json")
+        out = os.path.join(self.dir, f"trial-{sum(map(len, self.runs.values()))}-{k}.json")
         spec = {"site": self.site, "settings": settings, "batches": self.batches,
                 "warmup": self.warmup, "floor": floor, "out": out, "mode": mode}  # fmt: skip
         path = out + ".spec"
         with open(path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         env = dict(os.environ)
-        if "torch_threads" in settings:
-            env["OMP_NUM_THREADS"] = str(settings["torch_threads"])
         left = self.budget_s - self.spent()
         typical = max(self.trial_s) if self.trial_s else self.baseline_s
         timeout = max(10.0, min(left, 4 * typical + 30))
@@ -160,8 +166,13 @@ class Tuner:
         if os.path.exists(out):
             with open(out, encoding="utf-8") as f:
                 result.update(json.load(f))
-        if rc is None:
+        if rc is None and result.get("ended") in ("done", "stopped early"):
+            pass  # measured, then slow to end (a thread of the script's own): the figure holds
+        elif rc is None:
             result["ended"], result["error"] = "timed out", f"no result within {timeout:.0f} s"
+        elif rc == 0 and result.get("ended") == "script ended" and not result["samples_per_s"]:
+            result["error"] = (f"the script ended after {result.get('batches')} batches, too few "
+                               f"to measure past the {self.warmup} of the warm-up")  # fmt: skip
         elif rc != 0 or result.get("samples_per_s") is None:
             why = result.get("error") or _last_line(tail) or f"exit status {rc}"
             if rc is not None and rc < 0:
@@ -176,10 +187,12 @@ class Tuner:
         return result
 
     def round(self, names: list[str], seed: int, base: str) -> None:
-        """Each setting once, in a shuffled order; pairs each with the baseline's run."""
+        """Each setting still in, once, in a shuffled order; the round's rates are logged
+        together, so that each setting is compared with the others in the rounds they shared."""
         order = names[:]
         random.Random(seed).shuffle(order)
         got: dict[str, float] = {}
+        self.log.append(got)  # filled as the round runs: a round cut short still pairs
         for name in order:
             if name in self.failed or name in self.stopped:
                 continue
@@ -196,7 +209,6 @@ class Tuner:
                 got[name] = result["samples_per_s"]
                 if result.get("ended") == "stopped early":
                     self.stopped.add(name)
-        self.log.append(got)
 
     def phase(self, names: list[str], base: str, seed: int) -> None:
         self.planned += self.rounds * len(names)
@@ -228,8 +240,8 @@ class Tuner:
         self.site = meta["run_loader"]["site"]
         cores = int((report.get("host") or {}).get("cpu_count") or os.cpu_count() or 1)
         base = self.add({})
-        counts = choose.worker_counts(report, cores) if "num_workers" in self.knobs else []
-        rows = worker_rows(report, cores, counts)
+        rows = worker_rows(report, cores, list(range(1, choose.most_workers(cores) + 1)))
+        counts = choose.worker_counts(report, cores, rows) if "num_workers" in self.knobs else []
         interrupted = False
         try:
             self.search(report, base, counts, cores)
@@ -247,6 +259,7 @@ class Tuner:
                 result["ladder"] = self.climb(report, base, best)
             except KeyboardInterrupt:
                 result["interrupted"] = True
+        result["spent_s"] = round(self.spent(), 1)
         return result
 
     def search(self, report: dict[str, Any], base: str, counts: list[int], cores: int) -> None:
@@ -337,8 +350,8 @@ class Tuner:
         if changed and not self.module:
             try:
                 result["diff"], result["new_source"] = self.proposed(chosen)
-            except (OSError, SyntaxError, edit.NoLoaderCall) as exc:
-                result["edit_error"] = str(exc)
+            except Exception as exc:  # no edit, never the tune's figures lost
+                result["edit_error"] = str(exc) or type(exc).__name__
         return result
 
     def proposed(self, settings: dict[str, Any]) -> tuple[str, str]:

@@ -60,6 +60,23 @@ def test_the_edit_replaces_and_adds_arguments_in_the_calls_own_layout():
     assert new == "DataLoader(ds, num_workers=0, prefetch_factor=None, persistent_workers=False)\n"
     with pytest.raises(NoLoaderCall):
         edited("x = 1\n", 1, {"num_workers": 2})
+    # a loader a framework makes (the site is the user's trainer.train() line): nothing to edit
+    with pytest.raises(NoLoaderCall):
+        edited("trainer.train(resume=flag())\n", 1, {"num_workers": 2})
+    # **config may already hold the knob: a second value would fail the call
+    with pytest.raises(NoLoaderCall, match="num_workers"):
+        edited("DataLoader(ds, **cfg)\n", 1, {"num_workers": 2})
+    assert edited("DataLoader(ds, num_workers=1, **cfg)\n", 1, {"num_workers": 2}) == (
+        "DataLoader(ds, num_workers=2, **cfg)\n")
+    # the loader's own call, not the calls in its arguments
+    assert edited("x = MyLoader(ds, batch_size=bs(), shuffle=flag())\n", 1,
+                  {"num_workers": 4}) == (
+        "x = MyLoader(ds, batch_size=bs(), shuffle=flag(), num_workers=4)\n")  # fmt: skip
+    # `import torch.nn` binds torch: no second import inside the function
+    new = edited("import torch.nn\ndef f():\n    l = DataLoader(ds)\n", 3, {"torch_threads": 2})
+    assert new.splitlines()[2:] == ["    torch.set_num_threads(2)", "    l = DataLoader(ds)"]
+    with pytest.raises(NoLoaderCall, match="worker_init_fn"):
+        edited(src, 3, {"num_workers": 2, "worker_threads": 1})
 
 
 # ---- the choices -----------------------------------------------------------------------------
@@ -73,6 +90,8 @@ def test_a_setting_is_chosen_only_when_it_wins_every_paired_round():
     assert not choose.beats(choose.gain([(101, 100), (102, 100), (101.5, 100)]))
     # every round a gain, but too spread out to tell from noise (95 % interval under 1)
     assert not choose.beats(choose.gain([(102, 100), (108, 100)]))
+    # one round: no interval, so 10 % or more
+    assert choose.beats(choose.gain([(111, 100)])) and not choose.beats(choose.gain([(105, 100)]))
     assert not choose.beats(None)
     rates = {"as it is": [100.0, 104.0], "num_workers=4": [300.0, 310.0], "num_workers=8": [200.0]}
     assert choose.leader(rates) == "num_workers=4"
@@ -214,8 +233,11 @@ def test_a_killed_trial_is_recorded_and_the_budget_bounds_the_tune(tmp_path, mon
     result = tuner.trial(tuner.add({"num_workers": 2}), None)
     assert result["error"] is None and tuner.rates["num_workers=2"] == [result["samples_per_s"]]
     # a budget spent by the baseline: no trial runs, the script is kept as it is, and said so
+    tuner.close()
     tuner = Tuner("tune_train.py", ["--load-ms", "0"], batches=10, warmup=2, budget_s=1)
     result = tuner.tune()
+    tuner.close()
+    assert not os.path.exists(tuner.dir)
     assert not result["changed"] and result["trials"] == []
     assert "the budget (1 s) ran out after 0 trials" in result["notes"][0]
 
@@ -338,6 +360,29 @@ def test_a_cold_trial_drops_the_files_it_reads_from_the_page_cache(tmp_path, con
     shutil.copy(SCRIPT, tmp_path / "tune_train.py")
     result = _trial(tmp_path, "tune_train.py", "cold", "--load-ms", "0", "--context", context)
     assert result["ended"] == "done" and result["cold_processes"] == 0
+
+
+STATEFUL_SCRIPT = '''
+import time
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+if __name__ == "__main__":
+    data = [torch.full((4,), float(i)) for i in range(64)]
+    loader = StatefulDataLoader(data, batch_size=4, num_workers=0)
+    for epoch in range(100):
+        for x in loader:
+            time.sleep(0.001)
+        print("epoch", epoch, loader.num_workers, flush=True)
+'''
+
+
+def test_a_trial_reaches_a_loader_whose_own_init_and_iter_are_not_torchs(tmp_path):
+    """torchdata's StatefulDataLoader has its own __init__ and __iter__; the trial applies its
+    setting and meters its passes all the same (else the script would run to its end)."""
+    (tmp_path / "stateful.py").write_text(STATEFUL_SCRIPT)
+    result = _trial(tmp_path, "stateful.py", None, settings={"num_workers": 2}, batches=20)
+    assert result["ended"] == "done" and result["samples"] == 18 * 4 and result["passes"] == 2
 
 
 def test_compute_alone_and_no_hand_over_replay_real_batches(tmp_path):

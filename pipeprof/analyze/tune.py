@@ -17,8 +17,10 @@ rate is under ``DROP`` of the leader's median is dropped (clearly worse); one tr
 halfway when its rate so far is under ``FLOOR`` of the leader's. The winner is the setting with
 the best median rate; it replaces the script's own settings only where it beat them in every
 round that ran both, by ``MIN_GAIN`` or more at the median, with a 95 % interval of the gain
-(t over the rounds' log ratios) above 1: a pipeline that is already at its best is left as it
-is, and no chosen setting measured slower than the script's own.
+(t over the rounds' log ratios) above 1 (from a single round, where there is no interval, by
+``ONE_ROUND_GAIN``): a pipeline that is already at its best is left as it is, and no chosen
+setting measured slower than the script's own. Where the leader did not beat it, the next in
+median order that did is chosen.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 DROP = 0.80  # a setting whose best round is under this share of the leader's median is dropped
 FLOOR = 0.60  # a trial whose rate halfway is under this share of the leader's is stopped there
 MIN_GAIN = 1.03  # the least median gain (with every paired round a gain) that changes a setting
+ONE_ROUND_GAIN = 1.10  # the least gain from a single paired round (no interval to read)
 PROCESS_KNOBS = ("sharing_strategy", "torch_threads", "worker_threads")
 KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", *PROCESS_KNOBS)
 
@@ -48,12 +51,22 @@ def current(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def worker_counts(report: dict[str, Any], cores: int, most: int | None = None) -> list[int]:
+def most_workers(cores: int) -> int:
+    """The most workers a tune tries: twice the cores, and at least 8."""
+    return max(8, 2 * cores)
+
+
+def worker_counts(report: dict[str, Any], cores: int,
+                  rows: list[dict[str, Any]] | None = None) -> list[int]:
     """The worker counts to try first: the script's own, the what-if's best (the fewest within
-    3 % of its top rate), its neighbours, and the ``workers-needed`` finding's count."""
-    most = most or max(8, 2 * cores)
+    3 % of its top rate) among ``rows`` (scenarios.worker_rows for every count up to
+    most_workers; else the report's own what-if), its neighbours, and the ``workers-needed``
+    finding's count."""
+    most = most_workers(cores)
     n = current(report)["num_workers"]
-    rows = [r for r in report.get("what_if") or [] if r.get("kind") == "workers"]
+    if rows is None:
+        rows = report.get("what_if") or []
+    rows = [r for r in rows if r.get("kind") == "workers"]
     ks = {n}
     usable = [r for r in rows if not r.get("exceeds") and r["workers"] <= most]
     if usable:
@@ -67,7 +80,8 @@ def worker_counts(report: dict[str, Any], cores: int, most: int | None = None) -
                 ks |= {k, k + 1}
     if not usable and not n:
         ks |= {1, 2}
-    return sorted(k for k in ks if 0 <= k <= most)
+    too_many = {r["workers"] for r in rows if r.get("exceeds")}  # past the RAM or the shm
+    return sorted(k for k in ks if 0 <= k <= most and (k == n or k not in too_many))
 
 
 def knob_candidates(report: dict[str, Any], workers: int, cores: int) -> list[dict[str, Any]]:
@@ -159,7 +173,9 @@ def beats(g: dict[str, Any] | None) -> bool:
     (two rounds or more) a 95 % interval above 1."""
     if g is None or g["low"] <= 1.0 or g["ratio"] < MIN_GAIN:
         return False
-    return g["interval"] is None or g["interval"][0] > 1.0
+    if g["interval"] is None:  # one round: a larger bar instead
+        return bool(g["ratio"] >= ONE_ROUND_GAIN)
+    return bool(g["interval"][0] > 1.0)
 
 
 def key(settings: dict[str, Any]) -> str:
@@ -183,15 +199,12 @@ def key(settings: dict[str, Any]) -> str:
 # more.
 NEXT_RUNG = 1.05
 RUNGS = {
-    "cold page cache": "reads from a cold page cache (a dataset larger than the RAM, a first "
-    "epoch): a local copy, a cache, or faster storage",
+    "cold page cache": "reads from the disk: a local copy, a cache, faster storage",
     "as it is": "the script's own settings",
     "tuned": "the chosen setting: apply the edit",
-    "no hand-over": "the hand-over of batches to the training process: fewer, larger tensors a "
-    "batch, the file_system sharing strategy, or decode on the device",
-    "stages at their best worker counts": "the loader's stages (the what-if model): more cores, "
-    "or cheaper stages (pipeprof bench)",
-    "compute alone": "the training step itself: the data pipeline is no longer the limit",
+    "no hand-over": "handing batches over: fewer, larger tensors; file_system sharing",
+    "stages at their best worker counts": "the stages: more cores, or cheaper ones (bench)",
+    "compute alone": "the step itself: data is no longer the limit",
 }
 
 

@@ -35,15 +35,14 @@ def _callee(node: ast.expr) -> str:
 
 
 def find_call(tree: ast.AST, line: int) -> ast.Call:
-    """The innermost call spanning ``line`` of something named like a DataLoader, else the
-    innermost call that starts there (a subclass, a factory)."""
+    """The innermost call spanning ``line`` of something named like a loader (``DataLoader``,
+    ``StatefulDataLoader``, ``MyLoader``)."""
     spanning = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
                 and n.lineno <= line <= (n.end_lineno or n.lineno)]  # fmt: skip
-    named = [n for n in spanning if _callee(n.func).endswith("DataLoader")]
-    pool = named or [n for n in spanning if n.lineno == line]
-    if not pool:
+    named = [n for n in spanning if _callee(n.func).endswith("Loader")]
+    if not named:  # made by a framework or a factory of the script's: no call of ours to edit
         raise NoLoaderCall(f"no DataLoader(...) call at line {line}")
-    return min(pool, key=lambda n: ((n.end_lineno or n.lineno) - n.lineno, -n.col_offset))
+    return min(named, key=lambda n: ((n.end_lineno or n.lineno) - n.lineno, -n.col_offset))
 
 
 def _statement(tree: ast.AST, call: ast.Call) -> ast.stmt:
@@ -68,13 +67,27 @@ def edited(source: str, line: int, settings: dict[str, Any]) -> str:
     def at(lineno: int, col: int) -> int:  # ast's (line, byte column) as an offset in data
         return starts[lineno - 1] + col
 
+    if "worker_threads" in settings:
+        k = settings["worker_threads"]
+        raise NoLoaderCall(f"worker_threads is set in each worker: call torch.set_num_threads({k})"
+                           " in the loader's worker_init_fn")  # fmt: skip
     tree = ast.parse(source)
     call = find_call(tree, line)
     edits: list[tuple[int, int, str]] = []  # (start, end, text) in bytes of data
     wanted = {k: settings[k] for k in LOADER_KNOBS if k in settings}
-    if wanted.get("num_workers") == 0:
+    if wanted.get("num_workers") == 0:  # torch refuses these without workers
         wanted.update(prefetch_factor=None, persistent_workers=False)
-    kept = {k: v for k, v in wanted.items()}
+        if any(kw.arg == "multiprocessing_context" for kw in call.keywords):
+            wanted["multiprocessing_context"] = None
+    named = {kw.arg for kw in call.keywords if kw.arg}
+    opaque = [k for k in wanted if k not in named] if (
+        any(kw.arg is None for kw in call.keywords)
+        or any(isinstance(a, ast.Starred) for a in call.args)
+    ) else []  # fmt: skip
+    if opaque:  # **config or *args may hold them already: a second value would be an error
+        raise NoLoaderCall(f"the call at line {line} passes *args or **kwargs that may hold "
+                           f"{', '.join(opaque)}")  # fmt: skip
+    kept = dict(wanted)
     for kw in call.keywords:
         if kw.arg in wanted:
             v = kw.value
@@ -135,10 +148,10 @@ def _process_lines(source: str, tree: ast.AST, call: ast.Call, settings: dict[st
     if not stmts:
         return ""
     plain = [a for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    if not any(a.name == "torch" and a.asname is None for a in plain):
-        stmts.insert(0, "import torch")
+    if not any(a.name.split(".")[0] == "torch" and a.asname is None for a in plain):
+        stmts.insert(0, "import torch")  # (``import torch.nn`` binds ``torch`` too)
     stmt = _statement(tree, call)
-    line = source.splitlines()[stmt.lineno - 1]
+    line = source.split("\n")[stmt.lineno - 1]  # as ast counts lines (not at U+2028)
     indent = line[: len(line) - len(line.lstrip())]
     return "".join(f"{indent}{s}\n" for s in stmts)
 

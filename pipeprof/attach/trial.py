@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from typing import Any
 
 from pipeprof.attach.labels import Loaders
@@ -134,9 +135,11 @@ def loader_arguments(bound: dict[str, Any], settings: dict[str, Any],
     for knob in LOADER_KNOBS:
         if knob in settings:
             out[knob] = settings[knob]
-    if not out.get("num_workers"):
+    if not out.get("num_workers"):  # torch refuses these without workers
         out["prefetch_factor"] = None
         out["persistent_workers"] = False
+        if "multiprocessing_context" in out:
+            out["multiprocessing_context"] = None
     threads = settings.get("worker_threads")
     if out.get("num_workers") and (threads is not None or mode == "cold"):
         folder = cold if mode == "cold" else None
@@ -161,6 +164,7 @@ class Meter:
         self.passes = 0
         self.t_begin = time.perf_counter()
         self.t_warm: float | None = None
+        self.t_last: float | None = None  # the last batch's arrival
         self.first_batch_s: float | None = None
         self.written = False
         self.mode = spec.get("mode")  # None, or a rung of the ladder: replay, nothing, cold
@@ -177,7 +181,7 @@ class Meter:
         return self.samples / (now - self.t_warm)
 
     def tick(self, batch: Any) -> None:
-        now = time.perf_counter()
+        now = self.t_last = time.perf_counter()
         self.seen += 1
         if self.first_batch_s is None:
             self.first_batch_s = now - self.t_begin
@@ -195,7 +199,7 @@ class Meter:
 
     def finish(self, ended: str, now: float | None = None, error: str | None = None) -> None:
         if not self.written:
-            now = time.perf_counter() if now is None else now
+            now = now or self.t_last or time.perf_counter()  # the script's end: its last batch
             rate = self.rate(now)
             result = {"ended": ended, "samples_per_s": rate, "batches": self.seen,
                       "samples": self.samples, "passes": self.passes,
@@ -250,7 +254,8 @@ class Trial:
         self.meter = Meter(spec)
         self.patches = Patches()
         self.loaders = Loaders()
-        self.targets: set[int] = set()
+        self.targets: weakref.WeakSet[Any] = weakref.WeakSet()  # the loaders made at the site
+        self.iterating = False  # inside a metered __iter__ (a subclass's calling torch's)
         self.notes: list[str] = []
 
     def install(self) -> None:
@@ -267,19 +272,54 @@ class Trial:
         self.patches.undo()
 
     def patch_torch(self) -> None:
-        import torch
+        """``__init__`` and ``__iter__`` of DataLoader and of each subclass with its own (as
+        torchdata's StatefulDataLoader, whose own do not call torch's): found now, and as each
+        is defined."""
         from torch.utils.data import DataLoader
 
-        orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
-        signature = inspect.signature(orig_init)
+        def subclasses(cls: type) -> Any:
+            sub: type
+            for sub in cls.__subclasses__():
+                yield sub
+                yield from subclasses(sub)
+
+        for cls in [DataLoader, *subclasses(DataLoader)]:
+            self.patch_class(cls)
+        orig_subclass = DataLoader.__dict__.get("__init_subclass__")
         trial = self
 
-        @functools.wraps(orig_init)
+        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+            if orig_subclass is not None:
+                orig_subclass.__func__(cls, **kwargs)
+            else:
+                super(DataLoader, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+            trial.patch_class(cls)
+
+        subclassing: Any = classmethod(__init_subclass__)  # type: ignore[arg-type]
+        self.patches.replace(DataLoader, "__init_subclass__", subclassing)
+
+    def patch_class(self, cls: type) -> None:
+        own_init, own_iter = vars(cls).get("__init__"), vars(cls).get("__iter__")
+        if own_init is not None and not getattr(own_init, "_pipeprof_trial", False):
+            self.patches.replace(cls, "__init__", self.made(own_init))
+        if own_iter is not None and not getattr(own_iter, "_pipeprof_trial", False):
+            self.patches.replace(cls, "__iter__", self.passes(own_iter))
+
+    def made(self, orig: Any) -> Any:
+        """An ``__init__`` that applies the settings to the loader made at the trial's site."""
+        import torch
+
+        signature = inspect.signature(orig)
+        takes = {n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD}
+        open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+        trial = self
+
+        @functools.wraps(orig)
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             trial.loaders.remember_site(loader, name=False)
             where = trial.loaders.sites.get(loader)
             if where is None or where[1] != trial.site:
-                orig_init(loader, *args, **kwargs)
+                orig(loader, *args, **kwargs)
                 return
             settings = trial.settings  # where the proposed edit puts them (attach/edit.py)
             if "sharing_strategy" in settings:
@@ -288,23 +328,41 @@ class Trial:
             if "torch_threads" in settings:
                 torch.set_num_threads(int(settings["torch_threads"]))
             bound = signature.bind(loader, *args, **kwargs)
-            arguments = dict(bound.arguments)
-            arguments.pop("self", None)
-            extra = arguments.pop("kwargs", {})  # a subclass's **kwargs, if it has them
+            bound.apply_defaults()
+            given = {k: v for k, v in bound.arguments.items() if k in takes}
             meter = trial.meter
-            arguments = loader_arguments({**arguments, **extra}, settings, meter.mode, meter.cold)
-            orig_init(loader, **arguments)
-            trial.targets.add(id(loader))
+            wanted = loader_arguments(given, settings, meter.mode, meter.cold)
+            for name, value in wanted.items():
+                if name in takes:
+                    bound.arguments[name] = value
+                elif open_ended:  # a subclass's **kwargs, passed on to torch's
+                    bound.arguments.setdefault(next(n for n, p in signature.parameters.items()
+                                                    if p.kind is p.VAR_KEYWORD), {})[name] = value
+            orig(*bound.args, **bound.kwargs)
+            trial.targets.add(loader)
 
+        __init__._pipeprof_trial = True  # type: ignore[attr-defined]
+        return __init__
+
+    def passes(self, orig: Any) -> Any:
+        """An ``__iter__`` whose passes over the trial's loader are metered (once: a subclass's
+        own calling torch's is one pass)."""
+        trial = self
+
+        @functools.wraps(orig)
         def __iter__(loader: Any) -> Any:
-            it = orig_iter(loader)
-            if id(loader) not in trial.targets:
-                return it
+            if loader not in trial.targets or trial.iterating:
+                return orig(loader)
+            trial.iterating = True
+            try:
+                it = orig(loader)
+            finally:
+                trial.iterating = False
             trial.meter.passes += 1
             return Metered(it, trial.meter)
 
-        self.patches.replace(DataLoader, "__init__", __init__)
-        self.patches.replace(DataLoader, "__iter__", __iter__)
+        __iter__._pipeprof_trial = True  # type: ignore[attr-defined]
+        return __iter__
 
 
 def main(argv: list[str]) -> int:

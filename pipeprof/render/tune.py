@@ -27,7 +27,7 @@ def _state(trial: dict[str, Any], chosen: bool) -> Text:
     if chosen:
         return Text("chosen", style="bold green")
     if trial.get("dropped"):
-        return Text("dropped: clearly slower", style="dim")
+        return Text("dropped", style="dim")
     return Text("")
 
 
@@ -37,7 +37,7 @@ def table(data: dict[str, Any]) -> RenderableType:
     for name, justify in (("setting", "left"), ("runs", "right"), ("samples/s", "right"),
                           ("promised", "right"), ("gain (range)", "right"),
                           ("", "left")):  # fmt: skip
-        t.add_column(name, justify=justify, no_wrap=name != "")  # type: ignore[arg-type]
+        t.add_column(name, justify=justify, no_wrap=bool(name))  # type: ignore[arg-type]
     chosen = data["chosen_setting"]
     for trial in sorted(data["trials"], key=lambda r: -(r["samples_per_s"] or 0)):
         promised = trial.get("promised_samples_per_s")
@@ -65,6 +65,10 @@ def table(data: dict[str, Any]) -> RenderableType:
     steps = data.get("ladder")
     if steps:
         parts.append(_ladder(steps))
+    if any(r.get("dropped") for r in data["trials"]):
+        parts.append(Text("dropped: clearly slower than the leader after a round (its best "
+                          "under 80 % of the leader's median), or stopped halfway",
+                          style="dim"))  # fmt: skip
     for note in data.get("notes") or []:
         parts.append(Text(f"note: {note}", style="dim"))
     if data.get("diff"):
@@ -80,7 +84,7 @@ def _ladder(steps: dict[str, Any]) -> RenderableType:
     t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", title_justify="left",
               title="the ceiling ladder: how fast the loop could go")  # fmt: skip
     for name, justify in (("rung", "left"), ("samples/s", "right"), ("of the step", "right"),
-                          ("what limits it, and what climbs it", "left")):  # fmt: skip
+                          ("what limits it, what climbs it", "left")):  # fmt: skip
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in steps["rungs"]:
         nxt = r["rung"] == steps.get("next")
