@@ -411,3 +411,23 @@ def test_the_ladder_orders_its_rungs_and_names_the_next():
     steps = choose.ladder(100.0, 250.0, {"no hand-over": 260.0, "compute alone": 270.0}, None)
     assert steps["next"] == "compute alone"
     assert choose.ladder(100.0, None, {"compute alone": 102.0}, None)["next"] is None
+
+
+def test_the_table_shows_a_scripts_error_without_letting_it_drive_the_terminal():
+    import io
+
+    from rich.console import Console
+
+    from pipeprof.render.tune import table
+
+    trial = {"setting": "num_workers=2", "runs": 1, "samples_per_s": None,
+             "promised_samples_per_s": None, "vs_baseline": None,
+             "error": "boom\x1b]0;title\x07\nx"}  # fmt: skip
+    data = {"chosen_setting": "as it is", "loader": {"label": "loader", "site": "t.py:3"},
+            "spent_s": 1.0, "budget_s": 60.0, "changed": False, "gain": None, "notes": [],
+            "diff": None, "trials": [trial]}  # fmt: skip
+    console = Console(file=io.StringIO(), record=True, width=120)
+    console.print(table(data))
+    text = console.export_text()
+    assert "failed: boom\\x1b]0;title\\x07\\x0ax" in text and "\x1b" not in text
+    assert "keep the script as it is" in text

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeprof.core.units import num
+from pipeprof.render.figures import visible
 
 
 def _gain(g: dict[str, Any] | None) -> str:
@@ -32,7 +33,10 @@ def _state(trial: dict[str, Any], chosen: bool) -> Text:
 
 
 def table(data: dict[str, Any]) -> RenderableType:
-    """The tune's table, its verdict and the proposed edit, for a terminal."""
+    """The tune's table, its verdict and the proposed edit, for a terminal. What came from the
+    script (its errors, its lines) cannot drive the terminal (``visible``)."""
+    diff = "\n".join(visible(line) for line in (data.get("diff") or "").split("\n"))
+    data = visible({k: v for k, v in data.items() if k not in ("diff", "new_source")})
     t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     for name, justify in (("setting", "left"), ("runs", "right"), ("samples/s", "right"),
                           ("promised", "right"), ("gain (range)", "right"),
@@ -71,9 +75,9 @@ def table(data: dict[str, Any]) -> RenderableType:
                           style="dim"))  # fmt: skip
     for note in data.get("notes") or []:
         parts.append(Text(f"note: {note}", style="dim"))
-    if data.get("diff"):
+    if diff:
         parts.append(Text("the change (pipeprof tune --apply writes it):", style="bold"))
-        parts.append(Syntax(data["diff"], "diff", theme="ansi_dark", background_color="default"))
+        parts.append(Syntax(diff, "diff", theme="ansi_dark", background_color="default"))
     elif data.get("edit_error"):
         parts.append(Text(f"set {chosen} where the loader is made ({data['edit_error']})"))
     return Group(*parts)
