@@ -117,6 +117,10 @@ class Tuner:
     def spent(self) -> float:
         return time.monotonic() - self.t0
 
+    def typical(self) -> float:
+        """The longest trial so far (the baseline's time before any): what the next may take."""
+        return max(self.trial_s, default=self.baseline_s)
+
     def baseline(self) -> dict[str, Any]:
         """Profile the script as it is, for ``batches`` batches, and read its report."""
         out = os.path.join(self.dir, "baseline.json")
@@ -156,8 +160,7 @@ class Tuner:
             json.dump(spec, f)
         env = dict(os.environ)
         left = self.budget_s - self.spent()
-        typical = max(self.trial_s) if self.trial_s else self.baseline_s
-        timeout = max(10.0, min(left, 4 * typical + 30))
+        timeout = max(10.0, min(left, 4 * self.typical() + 30))
         cmd = [sys.executable, "-m", "pipeprof.attach.trial", path, *self._script()]
         t = time.monotonic()
         rc, tail = _run(cmd, timeout=timeout, env=env)
@@ -196,8 +199,7 @@ class Tuner:
         for name in order:
             if name in self.failed or name in self.stopped:
                 continue
-            typical = statistics_max(self.trial_s, self.baseline_s)
-            if self.spent() + typical > self.budget_s:
+            if self.spent() + self.typical() > self.budget_s:
                 self.out_of_budget = True
                 return
             top = choose.leader(self.rates)
@@ -289,8 +291,7 @@ class Tuner:
         names = {"replay": "compute alone", "nothing": "no hand-over", "cold": "cold page cache"}
         measured: dict[str, float | None] = {}
         for mode in modes:
-            typical = statistics_max(self.trial_s, self.baseline_s)
-            if self.spent() + typical > self.budget_s:
+            if self.spent() + self.typical() > self.budget_s:
                 self.notes.append("the budget ran out before the ceiling ladder's runs")
                 break
             self.progress(f"ceiling ladder: {names[mode]}", self.done, self.planned)
@@ -331,7 +332,7 @@ class Tuner:
             trials.append({
                 "setting": name, "settings": settings, "runs": len(runs),
                 "samples_per_s": choose.median(rates), "rates": rates,
-                "promised_samples_per_s": choose.promised(report, settings, rows),
+                "promised_samples_per_s": choose.promised(settings, rows),
                 "vs_baseline": self._vs(name, base) if name != base else None,
                 "dropped": name in self.stopped, "error": self.failed.get(name),
             })  # fmt: skip
@@ -372,10 +373,6 @@ def script_file(target: str, base: str) -> str:
     if os.path.exists(near):
         return near
     raise edit.NoLoaderCall(f"the loader was made in {base}, not found next to the script")
-
-
-def statistics_max(values: list[float], default: float) -> float:
-    return max(values) if values else default
 
 
 def _last_line(text: str) -> str:

@@ -108,6 +108,9 @@ def test_worker_counts_come_from_the_what_if_and_the_finding():
     }  # fmt: skip
     # 4 is the what-if's best (8 is past the RAM), with its neighbours; 5 and 6 the finding's
     assert choose.worker_counts(report, cores=2) == [1, 3, 4, 5, 6]
+    # a finding's count past the RAM (the what-if's `exceeds`) is not tried either
+    past = {**report, "findings": [{"id": "workers-needed", "evidence": {"workers_needed": 8}}]}
+    assert 8 not in choose.worker_counts(past, cores=2)
     knobs = choose.knob_candidates(
         {**report, "verdict": {"kind": "input-bound"}, "loop": {"epochs": 3}}, 4, cores=2)
     assert {"persistent_workers": True} in knobs and {"prefetch_factor": 4} in knobs
@@ -394,8 +397,11 @@ def test_compute_alone_and_no_hand_over_replay_real_batches(tmp_path):
     plain = _trial(tmp_path, "tune_train.py", None, *args, "--workers", "0")
     alone = _trial(tmp_path, "tune_train.py", "replay", *args, "--workers", "0")
     assert alone["samples_per_s"] > 3 * plain["samples_per_s"]
+    assert plain["replayed"] == 0 and alone["replayed"] == 12 - 2  # all past the warm-up
     nothing = _trial(tmp_path, "tune_train.py", "nothing", *args, "--workers", "2")
     assert nothing["ended"] == "done" and nothing["samples"] == 10 * 8
+    # each worker's first 2 batches came whole; the 8 after were sent as nothing, replayed
+    assert nothing["replayed"] == 12 - 2 * 2
 
 
 def test_the_ladder_orders_its_rungs_and_names_the_next():

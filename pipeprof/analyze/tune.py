@@ -33,8 +33,13 @@ DROP = 0.80  # a setting whose best round is under this share of the leader's me
 FLOOR = 0.60  # a trial whose rate halfway is under this share of the leader's is stopped there
 MIN_GAIN = 1.03  # the least median gain (with every paired round a gain) that changes a setting
 ONE_ROUND_GAIN = 1.10  # the least gain from a single paired round (no interval to read)
+LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 PROCESS_KNOBS = ("sharing_strategy", "torch_threads", "worker_threads")
-KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", *PROCESS_KNOBS)
+KNOBS = (*LOADER_KNOBS, *PROCESS_KNOBS)
+# What torch refuses without workers, and the value each takes then (a trial's arguments and
+# the proposed edit alike)
+WITHOUT_WORKERS = {"prefetch_factor": None, "persistent_workers": False,
+                   "multiprocessing_context": None}  # fmt: skip
 
 
 def current(report: dict[str, Any]) -> dict[str, Any]:
@@ -112,8 +117,7 @@ def knob_candidates(report: dict[str, Any], workers: int, cores: int) -> list[di
     return out
 
 
-def promised(report: dict[str, Any], settings: dict[str, Any],
-             rows: list[dict[str, Any]]) -> float | None:
+def promised(settings: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
     """The rate the baseline's what-if promised for ``settings`` (its worker count; the other
     knobs are not in the model), from ``rows`` (scenarios.worker_rows)."""
     if set(settings) - {"num_workers"}:

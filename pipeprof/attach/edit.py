@@ -9,10 +9,11 @@ import ast
 import difflib
 from typing import Any
 
+from pipeprof.analyze.tune import LOADER_KNOBS, WITHOUT_WORKERS
+
 # DataLoader's positional parameters, in order (a call that passes num_workers positionally)
 POSITIONAL = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers",
               "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn")  # fmt: skip
-LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 
 
 def literal(value: Any) -> str:
@@ -75,11 +76,9 @@ def edited(source: str, line: int, settings: dict[str, Any]) -> str:
     call = find_call(tree, line)
     edits: list[tuple[int, int, str]] = []  # (start, end, text) in bytes of data
     wanted = {k: settings[k] for k in LOADER_KNOBS if k in settings}
-    if wanted.get("num_workers") == 0:  # torch refuses these without workers
-        wanted.update(prefetch_factor=None, persistent_workers=False)
-        if any(kw.arg == "multiprocessing_context" for kw in call.keywords):
-            wanted["multiprocessing_context"] = None
     named = {kw.arg for kw in call.keywords if kw.arg}
+    if wanted.get("num_workers") == 0:  # those the call passes, or the setting has, valid
+        wanted.update({k: v for k, v in WITHOUT_WORKERS.items() if k in named or k in wanted})
     opaque = [k for k in wanted if k not in named] if (
         any(kw.arg is None for kw in call.keywords)
         or any(isinstance(a, ast.Starred) for a in call.args)
@@ -101,9 +100,6 @@ def edited(source: str, line: int, settings: dict[str, Any]) -> str:
             edits.append((at(v.lineno, v.col_offset),
                           at(v.end_lineno or v.lineno, v.end_col_offset or 0), literal(kept[name])))
             kept.pop(name)
-    if wanted.get("num_workers") == 0:  # defaults already: nothing to add for these
-        for name in ("prefetch_factor", "persistent_workers"):
-            kept.pop(name, None)
     if kept:
         edits.append(_added(data, call, kept, at))
     before = _process_lines(source, tree, call, settings)

@@ -76,6 +76,31 @@ class Patches:
             self._undo.pop()()
 
 
+def each_subclass(patches: Patches, base: type, then: Callable[[type], None]) -> None:
+    """``then(cls)`` for each subclass of ``base`` defined so far, and for each one defined from
+    now on (``base.__init_subclass__``, put back by ``patches``)."""
+
+    def subclasses(cls: type) -> Iterator[type]:
+        sub: type
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    for sub in list(subclasses(base)):
+        then(sub)
+    orig = base.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if orig is not None:
+            orig.__func__(cls, **kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)  # type: ignore[misc,arg-type]
+        then(cls)
+
+    subclassing: Any = classmethod(__init_subclass__)  # type: ignore[arg-type]
+    patches.replace(base, "__init_subclass__", subclassing)
+
+
 def weakable(obj: Any) -> bool:
     try:
         weakref.ref(obj)
@@ -225,25 +250,7 @@ def patch_torch(run: Run) -> None:
 
         return _next_index
 
-    orig_subclass = DataLoader.__dict__.get("__init_subclass__")
-
-    def __init_subclass__(cls: type, **kwargs: Any) -> None:
-        if orig_subclass is not None:
-            orig_subclass.__func__(cls, **kwargs)
-        else:
-            super(DataLoader, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
-        own_iter(cls)
-
-    def subclasses(cls: type) -> Iterator[type]:
-        sub: type
-        for sub in cls.__subclasses__():
-            yield sub
-            yield from subclasses(sub)
-
-    for sub in list(subclasses(DataLoader)):
-        own_iter(sub)
-    subclassing: Any = classmethod(__init_subclass__)  # type: ignore[arg-type]
-    run.patches.replace(DataLoader, "__init_subclass__", subclassing)
+    each_subclass(run.patches, DataLoader, own_iter)
 
     @functools.wraps(orig_init)  # its signature too: pipeprof's twin reads it
     def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:

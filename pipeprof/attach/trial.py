@@ -36,12 +36,11 @@ import time
 import weakref
 from typing import Any
 
+from pipeprof.analyze.tune import LOADER_KNOBS, WITHOUT_WORKERS
 from pipeprof.attach.labels import Loaders
-from pipeprof.attach.patches import Patches
+from pipeprof.attach.patches import Patches, each_subclass
 from pipeprof.attach.run import EndScript, _AfterImport, _remove_hook, check_target, execute
 from pipeprof.core.batch import batch_size
-
-LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 
 
 class WorkerInit:
@@ -128,18 +127,15 @@ def _cold_open(event: str, args: tuple[Any, ...]) -> None:
 
 def loader_arguments(bound: dict[str, Any], settings: dict[str, Any],
                      mode: str | None = None, cold: str | None = None) -> dict[str, Any]:
-    """The DataLoader call's arguments with ``settings`` applied, kept valid for torch: no
-    ``prefetch_factor`` or ``persistent_workers`` without workers. ``mode``: a rung of the
-    ceiling ladder (NOTE [ The ceiling ladder ] in analyze/tune.py)."""
+    """The DataLoader call's arguments with ``settings`` applied, kept valid for torch (no
+    workers: WITHOUT_WORKERS). ``mode``: a rung of the ceiling ladder (NOTE [ The ceiling
+    ladder ] in analyze/tune.py)."""
     out = dict(bound)
     for knob in LOADER_KNOBS:
         if knob in settings:
             out[knob] = settings[knob]
-    if not out.get("num_workers"):  # torch refuses these without workers
-        out["prefetch_factor"] = None
-        out["persistent_workers"] = False
-        if "multiprocessing_context" in out:
-            out["multiprocessing_context"] = None
+    if not out.get("num_workers"):
+        out.update({k: v for k, v in WITHOUT_WORKERS.items() if k in out})
     threads = settings.get("worker_threads")
     if out.get("num_workers") and (threads is not None or mode == "cold"):
         folder = cold if mode == "cold" else None
@@ -174,6 +170,7 @@ class Meter:
             for mark in os.listdir(self.cold):  # an earlier trial's
                 os.remove(os.path.join(self.cold, mark))
         self.cache: list[Any] = []  # the warm-up's batches, replayed by "replay" and "nothing"
+        self.replayed = 0  # batches the loop got from the cache
 
     def rate(self, now: float) -> float | None:
         if self.t_warm is None or now <= self.t_warm or not self.samples:
@@ -205,6 +202,7 @@ class Meter:
                       "samples": self.samples, "passes": self.passes,
                       "wall_s": now - self.t_warm if self.t_warm else None,
                       "first_batch_s": self.first_batch_s, "error": error, "mode": self.mode,
+                      "replayed": self.replayed,
                       "cold_processes": len(os.listdir(self.cold))
                       if self.mode == "cold" else None}  # fmt: skip
             with open(self.out, "w", encoding="utf-8") as f:
@@ -228,10 +226,12 @@ class Metered:
         mode = meter.mode
         if mode == "replay" and meter.cache and meter.seen >= meter.warmup:
             batch = meter.cache[meter.seen % len(meter.cache)]  # compute alone: no loading
+            meter.replayed += 1
         else:
             batch = next(self._it)
             if batch is None and mode == "nothing" and meter.cache:  # the workers sent nothing
                 batch = meter.cache[meter.seen % len(meter.cache)]
+                meter.replayed += 1
             elif mode in ("replay", "nothing") and len(meter.cache) < max(1, meter.warmup):
                 meter.cache.append(batch)
         meter.tick(batch)
@@ -277,26 +277,8 @@ class Trial:
         is defined."""
         from torch.utils.data import DataLoader
 
-        def subclasses(cls: type) -> Any:
-            sub: type
-            for sub in cls.__subclasses__():
-                yield sub
-                yield from subclasses(sub)
-
-        for cls in [DataLoader, *subclasses(DataLoader)]:
-            self.patch_class(cls)
-        orig_subclass = DataLoader.__dict__.get("__init_subclass__")
-        trial = self
-
-        def __init_subclass__(cls: type, **kwargs: Any) -> None:
-            if orig_subclass is not None:
-                orig_subclass.__func__(cls, **kwargs)
-            else:
-                super(DataLoader, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
-            trial.patch_class(cls)
-
-        subclassing: Any = classmethod(__init_subclass__)  # type: ignore[arg-type]
-        self.patches.replace(DataLoader, "__init_subclass__", subclassing)
+        self.patch_class(DataLoader)
+        each_subclass(self.patches, DataLoader, self.patch_class)
 
     def patch_class(self, cls: type) -> None:
         own_init, own_iter = vars(cls).get("__init__"), vars(cls).get("__iter__")
