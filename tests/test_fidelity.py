@@ -460,3 +460,28 @@ def test_torchdatas_stateful_loader_is_profiled_and_resumes_as_plain(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["loop"]["steps"] >= 5
     assert report["meta"]["loader"] == "StatefulDataLoader"
+
+
+LEFT_OPEN = """
+import torch
+from torch.utils.data import DataLoader
+import pipeprof
+
+if __name__ == "__main__":
+    prof = pipeprof.Profiler(sample_hz=0)
+    it = iter(prof.wrap(DataLoader(torch.arange(240.0), batch_size=4, num_workers={workers})))
+    print([next(it).tolist() for _ in range(20)][-1], prof.report().to_dict()["loop"]["steps"])
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pass_left_open_until_the_interpreter_exits_ends_quietly(tmp_path, workers):
+    """A profiled pass the script never finished, its iterator still held as Python exits: the
+    pass's generator is closed in the interpreter's teardown, its modules gone. Nothing on
+    stderr (it said "Exception ignored in: <generator object ProfiledLoader._pass>")."""
+    script = tmp_path / "s.py"
+    script.write_text(LEFT_OPEN.replace("{workers}", str(workers)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env(), timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.split() == ["[76.0,", "77.0,", "78.0,", "79.0]", "20"]

@@ -943,6 +943,8 @@ class ProfiledLoader:
                     rec.leave(before)
                 yield batch
         finally:
+            if sys is None:  # a pass left open until the interpreter's teardown: nothing left
+                return  # noqa: B012 (its modules are gone; the report was made before, or never)
             failing = sys.exc_info()[1]  # the loop's own exception, if one is on its way out
             if failing is not None:
                 self._failed(failing)
