@@ -1,6 +1,7 @@
 """Report contract, save/load round trip and renderers, on a real (small) profile."""
 
 import json
+from typing import Any
 
 import pytest
 from pipelines import CostDataset, Scale
@@ -146,6 +147,66 @@ def test_the_schema_lists_the_typed_verdict_and_finding():
     assert optional == set(Verdict.__optional_keys__)
     always, optional = _schema_keys("findings")
     assert always == set(Finding.__required_keys__) and not optional
+
+
+def _schema_shape(row: str) -> dict[str, Any]:
+    """The shape docs/schema.md gives in the first code span of the row for ``row``: each
+    top-level key (``?`` dropped) to the keys of its own ``{...}``, or None; a ``...`` entry and
+    a ``name:`` map's level are left out (``regions: {name: {...}}`` is ``{name: ...}``)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "schema.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{row}` |"))
+    cell = line.split("`")[3]
+
+    def parse(body: str) -> dict[str, Any]:
+        parts, depth, start = [], 0, 0
+        for i, ch in enumerate(body):
+            depth += ch == "{"
+            depth -= ch == "}"
+            if ch == "," and depth == 0:
+                parts.append(body[start:i])
+                start = i + 1
+        parts.append(body[start:])
+        out: dict[str, Any] = {}
+        for part in (p.strip() for p in parts):
+            if not part or part.startswith("..."):
+                continue
+            key, _, rest = part.partition(":")
+            rest = rest.strip()
+            out[key.strip().rstrip("?")] = parse(rest[1:-1]) if rest.startswith("{") else None
+        return out
+
+    return parse(cell[cell.index("{") + 1 : cell.rindex("}")])
+
+
+def test_the_schema_lists_the_typed_loop_and_overhead():
+    """The ``loop`` and ``overhead`` rows of docs/schema.md against ``LoopSection``
+    (analyze/loop.py) and ``Overhead`` (analyze/stages.py), and what a recorded training loop
+    (tests/golden) writes against both."""
+    from golden_reports import GOLDEN, LOOP
+
+    from pipeprof.analyze.loop import LoopSection, Spread, Steady, Throughput
+    from pipeprof.analyze.stages import Overhead
+    from pipeprof.core.stats import Figures
+
+    shape = _schema_shape("loop")
+    assert shape.keys() == LoopSection.__annotations__.keys()
+    assert shape["steady"].keys() == {"steps"}  # "...the same": Split's keys
+    assert shape["throughput"].keys() == Throughput.__annotations__.keys()
+    assert shape["spread"].keys() == Spread.__annotations__.keys()
+    assert shape["regions"]["name"].keys() == Figures.__annotations__.keys() | {"timed_steps"}
+    assert _schema_shape("overhead").keys() == Overhead.__annotations__.keys()
+    d = pipeprof.load(GOLDEN / LOOP).to_dict()
+    assert d["loop"].keys() == LoopSection.__annotations__.keys()
+    assert d["loop"]["steady"].keys() == Steady.__annotations__.keys()
+    assert d["loop"]["spread"].keys() == Spread.__annotations__.keys()
+    assert d["loop"]["throughput"].keys() == Throughput.__annotations__.keys()
+    assert d["loop"]["regions"] and all(
+        r.keys() <= Figures.__annotations__.keys() | {"timed_steps"}
+        for r in d["loop"]["regions"].values()
+    )
+    assert d["overhead"].keys() == Overhead.__annotations__.keys()
 
 
 def test_the_schema_lists_the_typed_stage_and_worker_rows(report):

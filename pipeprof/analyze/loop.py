@@ -7,12 +7,95 @@ are cut).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, TypedDict, cast
 
 from pipeprof.core.regions import STEP_REGIONS
 from pipeprof.core.series import mean_over_spans
 from pipeprof.core.session import Session
-from pipeprof.core.stats import Stat, figures
+from pipeprof.core.stats import Figures, Stat, figures
+
+
+class WaitSplit(TypedDict):
+    """A group of steps' wait as *starved* and *hand-over* (``wait_split``)."""
+
+    starved_s: float
+    handover_s: float
+    starved_fraction: float | None  # of the group's wall time
+    handover_fraction: float | None
+    handover_ms_per_step: float | None
+
+
+class Split(WaitSplit):
+    """A group of steps' time (the loop's, or its steady part's) in seconds and shares."""
+
+    wait_s: float
+    transfer_s: float
+    compute_s: float
+    comm_s: float
+    overhead_s: float
+    wall_s: float
+    wait_fraction: float | None  # None: no time at all
+    transfer_fraction: float | None
+    compute_fraction: float | None
+    comm_fraction: float | None
+    overhead_fraction: float | None
+
+
+class Steady(Split):
+    """The steps after each epoch's first."""
+
+    steps: int
+
+
+class RegionFigures(Figures, total=False):
+    timed_steps: int  # ``pipeprof run``'s Forward/Backward/Optimizer, timed in a sample
+
+
+class Spread(TypedDict):
+    """95 % half-widths of where a rerun's figure lands (NOTE [ Run-to-run spread ])."""
+
+    steps: int
+    wait_fraction: float | None  # None: too few steps to tell
+    transfer_fraction: float | None
+    step_ms: float | None
+
+
+class Throughput(TypedDict):
+    effective_samples_per_s: float | None
+    compute_samples_per_s: float | None
+    replay_compute_samples_per_s: float | None
+    speedup_if_data_free: float | None
+
+
+class GpuAlignment(TypedDict):
+    gpu_util_waiting: float | None
+    gpu_util_computing: float | None
+    idle_while_waiting_fraction: float | None
+
+
+class LoopSection(Split, GpuAlignment):
+    """The report's ``loop`` section (docs/schema.md), loop mode only."""
+
+    steps: int
+    steps_total: int | None  # the steps the loop ran, where the report covers fewer (Keras)
+    epochs: int
+    startup_s: float | None
+    startup_wait_s: float
+    wait_split_known: bool
+    view: Literal["steady", "all"]  # which the verdict and the summaries read
+    steady: Steady
+    step_ms: Figures
+    wait_ms: Figures
+    compute_ms: Figures
+    regions: dict[str, RegionFigures]
+    host_regions: dict[str, Figures]
+    gpu_compute_s: float | None
+    wait_moved_to_gpu_compute_s: float
+    transfer_moved_to_gpu_compute_s: float
+    compute_moved_to_comm_s: float | None
+    spread: Spread
+    throughput: Throughput
+    replay: dict[str, Any] | None
 
 TIMELINE_ROWS = 2000
 # NOTE [ Run-to-run spread ]
@@ -41,17 +124,29 @@ def _parts(part: dict[str, Stat], h2d_s: float) -> dict[str, float]:
             "overhead_s": overhead}  # fmt: skip
 
 
-def _fractions(p: dict[str, float], part: dict[str, Stat]) -> dict[str, Any]:
+def _fractions(p: dict[str, float], part: dict[str, Stat]) -> Split:
     wall = sum(p.values())
-    out: dict[str, Any] = {k: round(v, 9) for k, v in p.items()}
-    out["wall_s"] = round(wall, 9)
-    for k in ("wait", "transfer", "compute", "comm", "overhead"):
-        out[f"{k}_fraction"] = round(p[f"{k}_s"] / wall, 6) if wall else None
-    out.update(wait_split(part, p["wait_s"], wall))
-    return out
+
+    def share(k: str) -> float | None:
+        return round(p[f"{k}_s"] / wall, 6) if wall else None
+
+    return {
+        "wait_s": round(p["wait_s"], 9),
+        "transfer_s": round(p["transfer_s"], 9),
+        "compute_s": round(p["compute_s"], 9),
+        "comm_s": round(p["comm_s"], 9),
+        "overhead_s": round(p["overhead_s"], 9),
+        "wall_s": round(wall, 9),
+        "wait_fraction": share("wait"),
+        "transfer_fraction": share("transfer"),
+        "compute_fraction": share("compute"),
+        "comm_fraction": share("comm"),
+        "overhead_fraction": share("overhead"),
+        **wait_split(part, p["wait_s"], wall),
+    }
 
 
-def wait_split(part: dict[str, Stat], wait_s: float, wall_s: float) -> dict[str, Any]:
+def wait_split(part: dict[str, Stat], wait_s: float, wall_s: float) -> WaitSplit:
     """The wait of a group of steps as *starved* (the batch was not ready) and *hand-over* (it
     was, and was being moved): NOTE [ Wait, split ] in collect/torch/loader.py. ``wait_s`` may
     be less than recorded (moved to GPU compute: the GPU was still busy when the loop asked,
@@ -71,11 +166,13 @@ def wait_split(part: dict[str, Stat], wait_s: float, wall_s: float) -> dict[str,
     }
 
 
-def _regions(regions: dict[str, Stat], sampled: dict[str, Any] | None) -> dict[str, Any]:
+def _regions(
+    regions: dict[str, Stat], sampled: dict[str, Any] | None
+) -> dict[str, RegionFigures]:
     """The regions' figures; ``pipeprof run``'s own, timed in a sample of the steps (NOTE
     [ Regions in a sample of the steps ] in attach/run.py), with their totals scaled to every step
     (``count`` and the per-call figures stay those of the calls timed)."""
-    out: dict[str, Any] = {k: figures(v) for k, v in regions.items()}
+    out = {k: cast(RegionFigures, figures(v)) for k, v in regions.items()}
     steps, timed = (sampled or {}).get("steps") or 0, (sampled or {}).get("timed_steps") or 0
     if 0 < timed < steps:
         for k in STEP_REGIONS:
@@ -85,7 +182,7 @@ def _regions(regions: dict[str, Stat], sampled: dict[str, Any] | None) -> dict[s
     return out
 
 
-def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | None:
+def loop_section(session: Session, samples_per_step: float) -> LoopSection | None:
     """The report's ``loop`` section, or None outside loop mode."""
     loop = session.loop
     if session.mode != "loop" or loop is None:
@@ -110,48 +207,46 @@ def loop_section(session: Session, samples_per_step: float) -> dict[str, Any] | 
     for part in (first, steady):
         for k, stat in both.items():
             stat.merge(part[k])
-    out = _fractions(total, both)
-    out.update(
-        {
-            "steps": loop.steps,
-            # the steps the loop ran, where the report covers fewer (Keras' trace window)
-            "steps_total": session.meta.get("steps_total"),
-            "epochs": loop.epochs,
-            "startup_s": round(loop.startup_ns / 1e9, 9) if loop.startup_ns is not None else None,
-            "steady": {"steps": n_steady, **_fractions(p_steady, steady)},
-            "startup_wait_s": round(p_first["wait_s"], 9),
-            "wait_split_known": bool(session.meta.get("wait_split")),
-            "view": "steady" if steady_enough(n_steady, p_steady) else "all",
-            "step_ms": figures(steady["step"] if n_steady else first["step"]),
-            "wait_ms": figures(steady["wait"]),
-            "compute_ms": figures(steady["compute"]),
-            "regions": _regions(loop.regions, session.meta.get("step_regions")),
-            "host_regions": {k: figures(v) for k, v in loop.host_regions.items()},
-            "gpu_compute_s": round(loop.gpu_compute.total_ns / 1e9, 9)
-            if loop.gpu_compute.count
-            else None,
-            "wait_moved_to_gpu_compute_s": round(shift, 9),
-            "transfer_moved_to_gpu_compute_s": round(held, 9),
-            "compute_moved_to_comm_s": round(comm_shift, 9) if comm_gpu else None,
-        }
-    )
-    out["spread"] = step_spread(session, steady=out["view"] == "steady")
+    split = _fractions(total, both)
+    view: Literal["steady", "all"] = "steady" if steady_enough(n_steady, p_steady) else "all"
     samples = session.samples
-    eff = samples / out["wall_s"] if out["wall_s"] else None
+    eff = samples / split["wall_s"] if split["wall_s"] else None
     compute_rate = samples / total["compute_s"] if total["compute_s"] else None
     replay = loop.replay or {}
     measured = replay.get("compute_samples_per_s")
-    out["throughput"] = {
-        "effective_samples_per_s": round(eff, 3) if eff else None,
-        "compute_samples_per_s": round(compute_rate, 3) if compute_rate else None,
-        "replay_compute_samples_per_s": measured,
-        "speedup_if_data_free": round((measured or compute_rate or 0) / eff, 3)
-        if eff and (measured or compute_rate)
+    return {
+        **split,
+        "steps": loop.steps,
+        "steps_total": session.meta.get("steps_total"),
+        "epochs": loop.epochs,
+        "startup_s": round(loop.startup_ns / 1e9, 9) if loop.startup_ns is not None else None,
+        "steady": {"steps": n_steady, **_fractions(p_steady, steady)},
+        "startup_wait_s": round(p_first["wait_s"], 9),
+        "wait_split_known": bool(session.meta.get("wait_split")),
+        "view": view,
+        "step_ms": figures(steady["step"] if n_steady else first["step"]),
+        "wait_ms": figures(steady["wait"]),
+        "compute_ms": figures(steady["compute"]),
+        "regions": _regions(loop.regions, session.meta.get("step_regions")),
+        "host_regions": {k: figures(v) for k, v in loop.host_regions.items()},
+        "gpu_compute_s": round(loop.gpu_compute.total_ns / 1e9, 9)
+        if loop.gpu_compute.count
         else None,
+        "wait_moved_to_gpu_compute_s": round(shift, 9),
+        "transfer_moved_to_gpu_compute_s": round(held, 9),
+        "compute_moved_to_comm_s": round(comm_shift, 9) if comm_gpu else None,
+        "spread": step_spread(session, steady=view == "steady"),
+        "throughput": {
+            "effective_samples_per_s": round(eff, 3) if eff else None,
+            "compute_samples_per_s": round(compute_rate, 3) if compute_rate else None,
+            "replay_compute_samples_per_s": measured,
+            "speedup_if_data_free": round((measured or compute_rate or 0) / eff, 3)
+            if eff and (measured or compute_rate)
+            else None,
+        },
+        "replay": replay or None,
+        **gpu_alignment(session, split),
     }
-    out["replay"] = replay or None
-    out.update(gpu_alignment(session, out))
-    return out
 
 
 STEADY_MIN_STEPS = 3
@@ -208,7 +303,7 @@ def half_width(num: list[int], den: list[int], blocks: int = SPREAD_BLOCKS) -> f
     return T95[len(ratios) - 2] * math.sqrt(2 * var / len(ratios))
 
 
-def step_spread(session: Session, steady: bool) -> dict[str, Any]:
+def step_spread(session: Session, steady: bool) -> Spread:
     """How far the loop's figures may move on a rerun: 95 % half-widths of the wait and
     transfer shares (of wait + transfer + compute: the ring keeps no overhead) and of the mean
     step in ms, from the recent steps of the view (NOTE [ Run-to-run spread ]). None: too few
@@ -317,10 +412,10 @@ def step_spans(session: Session) -> tuple[list[tuple[int, int]], list[tuple[int,
     return waits, computes
 
 
-def gpu_alignment(session: Session, loop: dict[str, Any]) -> dict[str, Any]:
+def gpu_alignment(session: Session, loop: Split) -> GpuAlignment:
     """GPU utilisation while waiting vs computing, and the GPU time lost to waiting."""
     gpu = session.gpu or {}
-    out: dict[str, Any] = {
+    out: GpuAlignment = {
         "gpu_util_waiting": None,
         "gpu_util_computing": None,
         "idle_while_waiting_fraction": None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 from pipeprof.core.session import Session
 from pipeprof.core.stats import Figures, Stat, figures
@@ -59,6 +59,35 @@ class WorkerRow(TypedDict):
     samples: int
     busy_fraction: float | None
     samples_per_busy_s: float | None
+
+
+class Overhead(TypedDict):
+    """The report's ``overhead``: pipeprof's own cost (docs/schema.md, docs/cost.md)."""
+
+    per_event_ns: float  # one region's cost, calibrated once a process
+    in_situ_ns: float | None  # an empty region timed where the pipeline's run (None: < 3 batches)
+    warm_ns: float | None
+    cold_share: float | None
+    region_ns: float | None
+    displaced_ns: float | None
+    unprofiled_batches: dict[str, Any] | None  # NOTE [ Unprofiled batches ] in the loader
+    pack_s: float
+    events: int
+    in_stages_fraction: float | None  # what the timed regions add to the stage times
+    sampler_cores: float | None  # the samplers' threads after their start, in cores
+    regions_s: float
+    main_s: float
+    loop_s: float
+    step_regions_s: float
+    step_regions: dict[str, Any] | None  # how: the timed steps against the quiet ones, or probes
+    control_s: float
+    settle_s: float
+    sampler_s: float
+    setup_s: float
+    snapshot_s: float
+    estimated_s: float
+    estimated_fraction: float | None  # of ``basis``: the profiled processes' CPU time
+    basis: Literal["cpu", "busy"]
 
 
 def stage_table(session: Session) -> dict[str, StageRow]:
@@ -311,7 +340,7 @@ def _r1(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def overhead(session: Session, stages: dict[str, StageRow]) -> dict[str, Any]:
+def overhead(session: Session, stages: dict[str, StageRow]) -> Overhead:
     """pipeprof's own cost (docs/validation/overhead.md). The timed regions: ``events`` times the
     cost of one region measured in situ (``in_situ_ns``, the median probe: NOTE [ In-situ region
     cost ] in core/recorder.py) and what it displaces from the user's code around it
@@ -390,6 +419,7 @@ def overhead(session: Session, stages: dict[str, StageRow]) -> dict[str, Any]:
     cost_s = regions_s + main_s + loop_s + control_s + settle_s + sampler_s + setup_s + snapshot_s
     cost_s += step_regions_s
     main_cpu = session.meta.get("main_cpu_ns")
+    basis: Literal["cpu", "busy"]
     if isinstance(main_cpu, int) and main_cpu > 0:
         base_s = (main_cpu + sum(w.cpu_ns for w in session.workers.values())) / 1e9
         basis = "cpu"
@@ -407,15 +437,12 @@ def overhead(session: Session, stages: dict[str, StageRow]) -> dict[str, Any]:
         "unprofiled_batches": ab,
         "pack_s": round(pack_s, 6),
         "events": session.events,
-        # what the timed regions add to the stage times pipeprof reports
         "in_stages_fraction": round(in_stages_s / stage_s, 6) if stage_s > 0 else None,
-        # the samplers' threads after their start, in cores
         "sampler_cores": round(steady_sampler_s / wall_s, 6) if wall_s > 0 else None,
         "regions_s": round(regions_s, 6),
         "main_s": round(main_s, 6),
         "loop_s": round(loop_s, 6),
         "step_regions_s": round(step_regions_s, 6),
-        # how: the timed steps against the quiet ones, or the probe (attach/run.py)
         "step_regions": session.meta.get("step_regions"),
         "control_s": round(control_s, 6),
         "settle_s": round(settle_s, 6),
