@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -251,8 +251,8 @@ class Job(_Rendered):
     def stragglers(self) -> list[dict[str, Any]]:
         return [dict(s) for s in self._data["stragglers"]]
 
-    def __init__(self, data: dict[str, Any], ranks: list[Report] | None = None) -> None:
-        super().__init__(data)
+    def __init__(self, data: Mapping[str, Any], ranks: list[Report] | None = None) -> None:
+        super().__init__(dict(data))
         self._ranks = ranks or []  # the ranks' reports, where made from them: for the trace
 
     def render(self, fmt: str = "text", **options: Any) -> str:

@@ -209,6 +209,39 @@ def test_the_schema_lists_the_typed_loop_and_overhead():
     assert d["overhead"].keys() == Overhead.__annotations__.keys()
 
 
+def test_the_schema_lists_the_typed_job_report():
+    """The job report's rows of docs/schema.md against ``Job`` and its parts (analyze/job.py),
+    and a job made of two ranks of a recorded loop (tests/golden) against both."""
+    from golden_reports import GOLDEN, LOOP
+
+    from pipeprof.analyze import job as job_types
+    from pipeprof.analyze.job import job_dict
+
+    rows = {"job": "Job", "job.ranks": "RankRow", "job.efficiency": "Efficiency",
+            "job.stragglers": "Straggler", "job.what_if": "KeptUp", "job.same_samples": "SamePair",
+            "job.ran_out": "RanOut", "job.stopped_first": "StoppedFirst"}  # fmt: skip
+    for row, name in rows.items():
+        assert _schema_shape(row).keys() == getattr(job_types, name).__annotations__.keys(), row
+    ranks = []
+    for rank, wait in ((0, 1.0), (1, 3.0)):  # rank 1 waits for data: a straggler
+        d = pipeprof.load(GOLDEN / LOOP).to_dict()
+        d["meta"]["rank"] = {"rank": rank, "world_size": 2, "local_rank": rank, "host": "h"}
+        d["loop"]["wait_fraction"] = d["loop"]["wait_fraction"] * wait
+        d["meta"]["hang"] = {"workers": [], "main": {"at": "f (x.py:1)"}, "waited_s": 9.0,
+                             "last_batch_unix": 1.0 + rank} if rank else None  # fmt: skip
+        ranks.append((f"run.rank{rank}.json", d))
+    job = job_dict(ranks)
+    assert job.keys() == job_types.Job.__annotations__.keys()
+    assert job["ranks"][0].keys() == job_types.RankRow.__annotations__.keys()
+    assert job["stragglers"][0].keys() == job_types.Straggler.__annotations__.keys()
+    assert job["what_if"].keys() == job_types.KeptUp.__annotations__.keys()
+    assert job["stopped_first"] is not None
+    assert job["stopped_first"].keys() == job_types.StoppedFirst.__annotations__.keys()
+    name, d = ranks[0]
+    stepless = [(name, {**d, "loop": {**d["loop"], "steps": 0}})]  # no rate to tell
+    assert job_dict(stepless)["what_if"].keys() == job_types.KeptUp.__annotations__.keys()
+
+
 def test_the_schema_lists_the_typed_stage_and_worker_rows(report):
     """The ``stages`` and ``workers`` rows of docs/schema.md against ``StageRow`` and
     ``WorkerRow`` (analyze/stages.py), and the rows a real profile writes against both."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from pipeprof.analyze.accounting import SAME_MATCH, same_stream
 from pipeprof.core.batch import overlap
@@ -35,6 +35,109 @@ from pipeprof.core.batch import overlap
 JOB_SCHEMA = "pipeprof-job/1"
 STRAGGLER_MARGIN = 0.05  # TensorFlow's "moderately input-bound" share of step time
 PARTS = ("wait", "transfer", "compute", "comm", "overhead")
+
+
+class RankRow(TypedDict):
+    """A row of the job report's ``ranks``: one rank's loop, from its report."""
+
+    rank: int
+    local_rank: int | None
+    host: str
+    file: str  # the rank's report file, or its label
+    steps: int
+    samples: int
+    wall_s: float
+    verdict: str | None  # the rank's verdict's kind
+    stage: str | None  # its verdict's stage, else its slowest stage
+    interrupted: bool
+    wait_s: float
+    wait_fraction: float
+    transfer_s: float
+    transfer_fraction: float
+    compute_s: float
+    compute_fraction: float
+    comm_s: float
+    comm_fraction: float
+    overhead_s: float
+    overhead_fraction: float
+    samples_per_s: float | None
+
+
+class Efficiency(TypedDict):
+    """POP's efficiencies over useful time (NOTE [ Job report ]); None: no useful time."""
+
+    useful: str  # what counts as useful: ``compute_s``
+    load_balance: float | None
+    communication: float | None
+    parallel: float | None
+
+
+class Straggler(TypedDict):
+    rank: int
+    host: str
+    stage: str | None
+    wait_fraction: float
+    excess_wait_fraction: float  # over the other ranks' median
+    excess_wait_s: float
+    others_comm_fraction: float  # the other ranks' median comm share: where they waited
+    message: str
+
+
+class KeptUp(TypedDict):
+    """The job's rate if every rank's pipeline kept up (NOTE [ Job report ])."""
+
+    step_ms: float | None  # None: no steps to tell
+    samples_per_s: float | None
+    speedup: float | None
+    how: str
+
+
+class SamePair(TypedDict):
+    ranks: list[int]
+    overlap: float
+    by: Literal["indices", "stream"]
+
+
+class RanOut(TypedDict):
+    first: int  # the rank whose data ran out first
+    last: int
+    steps: dict[str, int]  # by rank
+
+
+# "in" is a keyword: the functional form
+StoppedFirst = TypedDict(
+    "StoppedFirst",
+    {
+        "rank": int,
+        "in": str | None,  # data, or where the training thread was (a collective, backward...)
+        "at": str | None,  # the user's frame it was in
+        "stalled_s": float | None,
+        "last_batch_unix": float | None,
+        "waiting": dict[str, str | None],  # the other stalled ranks, by rank: where each was
+    },
+)
+
+
+class Job(TypedDict):
+    """The job report (schema ``pipeprof-job/1``; docs/schema.md)."""
+
+    schema: str
+    world_size: int
+    ranks_present: list[int]
+    missing_ranks: list[int]
+    hosts: list[str]
+    ranks: list[RankRow]
+    runtime_s: float  # the longest rank's loop
+    samples_per_s: float
+    efficiency: Efficiency
+    stragglers: list[Straggler]
+    what_if: KeptUp
+    same_samples: list[SamePair]
+    ran_out: RanOut | None
+    stopped_first: StoppedFirst | None
+    notes: list[str]
+    headline: str
+    gather_s: float | None  # ``pipeprof run`` under torchrun: the gather's seconds
 
 
 class JobError(ValueError):
@@ -95,53 +198,69 @@ def _check_overlap(ranks: list[tuple[str, dict[str, Any]]]) -> None:
             )
 
 
-def job_dict(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def job_dict(ranks: list[tuple[str, dict[str, Any]]]) -> Job:
     """The job report for the ``(file, report dict)`` of each rank (NOTE [ Job report ])."""
     check_job(ranks)
     rows = sorted((_rank_row(name, rep) for name, rep in ranks), key=lambda r: r["rank"])
     world = int(ranks[0][1]["meta"]["rank"].get("world_size") or 1)
-    missing = sorted(set(range(world)) - {r["rank"] for r in rows})
-    out: dict[str, Any] = {
+    runtime_s = round(max(r["wall_s"] for r in rows), 9)
+    rate = round(sum(r["samples"] for r in rows) / max(runtime_s, 1e-12), 3)
+    out: Job = {
         "schema": JOB_SCHEMA,
         "world_size": world,
         "ranks_present": [r["rank"] for r in rows],
-        "missing_ranks": missing,
+        "missing_ranks": sorted(set(range(world)) - {r["rank"] for r in rows}),
         "hosts": sorted({r["host"] for r in rows}),
         "ranks": rows,
-        "runtime_s": round(max(r["wall_s"] for r in rows), 9),
+        "runtime_s": runtime_s,
+        "samples_per_s": rate,
+        "efficiency": efficiencies(rows, runtime_s),
+        "stragglers": stragglers(rows),
+        "what_if": kept_up(rows, rate),
+        "same_samples": same_samples(ranks),
+        "ran_out": ran_out(rows),
+        "stopped_first": stopped_first(ranks),
+        "notes": [],
+        "headline": "",
+        "gather_s": None,
     }
-    out["samples_per_s"] = round(sum(r["samples"] for r in rows) / max(out["runtime_s"], 1e-12), 3)
-    out["efficiency"] = efficiencies(rows, out["runtime_s"])
-    out["stragglers"] = stragglers(rows)
-    out["what_if"] = kept_up(rows, out["samples_per_s"])
-    out["same_samples"] = same_samples(ranks)
-    out["ran_out"] = ran_out(rows)
-    out["stopped_first"] = stopped_first(ranks)
     out["notes"] = _notes(out)
     out["headline"] = _headline(out)
     return out
 
 
-def _rank_row(name: str, rep: dict[str, Any]) -> dict[str, Any]:
+def _rank_row(name: str, rep: dict[str, Any]) -> RankRow:
     loop, info = rep["loop"], rep["meta"]["rank"]
     verdict = rep.get("verdict") or {}
-    row: dict[str, Any] = {
+    wall_s = loop.get("wall_s") or 0.0
+    samples = rep.get("samples") or 0
+
+    def part(key: str) -> float:
+        return float(loop.get(key) or 0.0)
+
+    return {
         "rank": info["rank"],
         "local_rank": info.get("local_rank"),
         "host": info.get("host") or "",
         "file": name,
         "steps": loop.get("steps") or 0,
-        "samples": rep.get("samples") or 0,
-        "wall_s": loop.get("wall_s") or 0.0,
+        "samples": samples,
+        "wall_s": wall_s,
         "verdict": verdict.get("kind"),
         "stage": verdict.get("stage") or _slowest_stage(rep),
         "interrupted": bool(rep.get("interrupted")),
+        "wait_s": part("wait_s"),
+        "wait_fraction": part("wait_fraction"),
+        "transfer_s": part("transfer_s"),
+        "transfer_fraction": part("transfer_fraction"),
+        "compute_s": part("compute_s"),
+        "compute_fraction": part("compute_fraction"),
+        "comm_s": part("comm_s"),
+        "comm_fraction": part("comm_fraction"),
+        "overhead_s": part("overhead_s"),
+        "overhead_fraction": part("overhead_fraction"),
+        "samples_per_s": round(samples / wall_s, 3) if wall_s else None,
     }
-    for k in PARTS:
-        row[f"{k}_s"] = loop.get(f"{k}_s") or 0.0
-        row[f"{k}_fraction"] = loop.get(f"{k}_fraction") or 0.0
-    row["samples_per_s"] = round(row["samples"] / row["wall_s"], 3) if row["wall_s"] else None
-    return row
 
 
 def _slowest_stage(rep: dict[str, Any]) -> str | None:
@@ -150,7 +269,7 @@ def _slowest_stage(rep: dict[str, Any]) -> str | None:
     return max(stages, key=lambda p: stages[p]) if stages else None
 
 
-def efficiencies(rows: list[dict[str, Any]], runtime_s: float) -> dict[str, Any]:
+def efficiencies(rows: list[RankRow], runtime_s: float) -> Efficiency:
     """POP's load balance, communication and parallel efficiency over useful (compute) time."""
     useful = [r["compute_s"] for r in rows]
     top = max(useful)
@@ -164,11 +283,11 @@ def efficiencies(rows: list[dict[str, Any]], runtime_s: float) -> dict[str, Any]
     }
 
 
-def stragglers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stragglers(rows: list[RankRow]) -> list[Straggler]:
     """The ranks whose input pipeline holds the others up, slowest first."""
     if len(rows) < 2:
         return []
-    out = []
+    out: list[Straggler] = []
     for r in rows:
         others = [o for o in rows if o is not r]
         base = statistics.median(o["wait_fraction"] for o in others)
@@ -194,12 +313,14 @@ def stragglers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def kept_up(rows: list[dict[str, Any]], now: float) -> dict[str, Any]:
+def kept_up(rows: list[RankRow], now: float) -> KeptUp:
     """The job's samples/s if every rank's pipeline kept up (NOTE [ Job report ])."""
+    how = ("every rank waits for data no longer than the least-waiting rank, and pays the least "
+           "comm any rank paid per step")  # fmt: skip
     steps = [r for r in rows if r["steps"]]
     if not steps or not now:
-        return {"samples_per_s": None, "speedup": None}
-    per = {r["rank"]: {k: r[f"{k}_s"] / r["steps"] for k in PARTS} for r in steps}
+        return {"step_ms": None, "samples_per_s": None, "speedup": None, "how": how}
+    per = {r["rank"]: {k: _seconds(r, k) / r["steps"] for k in PARTS} for r in steps}
     least_wait = min(p["wait"] for p in per.values())
     least_comm = min(p["comm"] for p in per.values())
     step = max(p["compute"] + p["transfer"] + p["overhead"] for p in per.values())
@@ -210,15 +331,20 @@ def kept_up(rows: list[dict[str, Any]], now: float) -> dict[str, Any]:
         "step_ms": round(step * 1e3, 6),
         "samples_per_s": None if rate is None else round(rate, 3),
         "speedup": None if rate is None else round(rate / now, 3),
-        "how": "every rank waits for data no longer than the least-waiting rank, and pays the "
-        "least comm any rank paid per step",
+        "how": how,
     }
+
+
+def _seconds(row: RankRow, part: str) -> float:
+    """A rank row's seconds of one of PARTS."""
+    return {"wait": row["wait_s"], "transfer": row["transfer_s"], "compute": row["compute_s"],
+            "comm": row["comm_s"], "overhead": row["overhead_s"]}[part]  # fmt: skip
 
 
 SAME_RANKS = 0.5  # two ranks with this share of their first pass's samples in common
 
 
-def ran_out(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def ran_out(rows: list[RankRow]) -> RanOut | None:
     """Where the ranks ran different numbers of steps: the rank whose data ran out first and
     the one whose ran out last (``{first, last, steps}``, steps by rank); else None."""
     steps = {r["rank"]: r["steps"] for r in rows}
@@ -234,7 +360,7 @@ def ran_out(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 WAITING = ("collective", "backward")  # where a rank waits for the others (DDP's all-reduce)
 
 
-def stopped_first(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
+def stopped_first(ranks: list[tuple[str, dict[str, Any]]]) -> StoppedFirst | None:
     """NOTE [ Hangs ] in collect/torch/hangs.py, ranks: of the ranks that stopped making
     progress (``meta.hang``: waiting for a batch; ``meta.stall``: no batch, the training thread
     elsewhere), the one that stopped first: one stuck in its own code or its data while others
@@ -257,24 +383,26 @@ def stopped_first(ranks: list[tuple[str, dict[str, Any]]]) -> dict[str, Any] | N
         return None
     own = [r for r, s in stalls.items() if s["in"] not in WAITING]
     quiet = sorted({_rank_of(rep) for _, rep in ranks} - set(stalls))
-    if own:
-        first = min(own, key=lambda r: (stalls[r]["last_batch_unix"] or 0.0, r))
-        found: dict[str, Any] = {"rank": first, **stalls[first]}
-    elif quiet:
-        found = {"rank": quiet[0], "in": None, "at": None, "stalled_s": None,
-                 "last_batch_unix": None}  # fmt: skip
-    else:
-        first = min(stalls, key=lambda r: (stalls[r]["last_batch_unix"] or 0.0, r))
-        found = {"rank": first, **stalls[first]}
-    found["waiting"] = {str(r): s["in"] for r, s in sorted(stalls.items()) if r != found["rank"]}
-    return found
+    if own or not quiet:
+        rank = min(own or stalls, key=lambda r: (stalls[r]["last_batch_unix"] or 0.0, r))
+        seen = stalls[rank]
+    else:  # every stalled rank waits on the others: one that recorded no stall holds them
+        rank, seen = quiet[0], {"in": None, "at": None, "stalled_s": None, "last_batch_unix": None}
+    return {
+        "rank": rank,
+        "in": seen["in"],
+        "at": seen["at"],
+        "stalled_s": seen["stalled_s"],
+        "last_batch_unix": seen["last_batch_unix"],
+        "waiting": {str(r): s["in"] for r, s in sorted(stalls.items()) if r != rank},
+    }
 
 
 def _rank_of(rep: dict[str, Any]) -> int:
     return int(rep["meta"]["rank"]["rank"])
 
 
-def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[SamePair]:
     """Pairs of ranks whose first passes read the same samples: ``{ranks, overlap, by}``, the
     largest overlap first; ``by`` "indices" (a map-style dataset's, NOTE [ Index sketches ] in
     core/batch.py) or "stream" (an iterable one's first samples, NOTE [ The same stream ] in
@@ -287,7 +415,7 @@ def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]
             sketches.append((rank, acc["sketch"]))
         if acc.get("stream"):  # an iterable dataset's (NOTE [ The same stream ])
             streams.append((rank, acc["stream"]))
-    pairs = []
+    pairs: list[SamePair] = []
     for (a, sa), (b, sb) in itertools.combinations(sorted(sketches), 2):
         share = overlap(sa, sb)
         if share is not None and share >= SAME_RANKS:
@@ -299,7 +427,7 @@ def same_samples(ranks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]
     return sorted(pairs, key=lambda p: -p["overlap"])
 
 
-def _same_message(job: dict[str, Any]) -> str:
+def _same_message(job: Job) -> str:
     pairs = job["same_samples"]
     ranks = sorted({r for p in pairs for r in p["ranks"]})
     top = pairs[0]["overlap"]
@@ -323,7 +451,7 @@ def _same_message(job: dict[str, Any]) -> str:
     )
 
 
-def _notes(job: dict[str, Any]) -> list[str]:
+def _notes(job: Job) -> list[str]:
     notes = []
     if job["missing_ranks"]:
         names = ", ".join(map(str, job["missing_ranks"]))
@@ -355,7 +483,7 @@ _IN = {"code": "in its own code", "data": "waiting for its data",
        "collective": "in a collective", "backward": "in a backward pass (DDP's all-reduce)"}
 
 
-def _stopped_message(stop: dict[str, Any]) -> str:
+def _stopped_message(stop: StoppedFirst) -> str:
     """NOTE [ Hangs ], ranks: the rank that stopped progressing first, and where."""
     said = f"rank {stop['rank']} stopped progressing first"
     if stop["in"] is None:
@@ -368,19 +496,19 @@ def _stopped_message(stop: dict[str, Any]) -> str:
             said += f", for {stop['stalled_s']:.0f} s"
     waiting = stop.get("waiting") or {}
     if waiting:
-        said += "; " + ", ".join(f"rank {r} then waited {_IN.get(k, k)}"
+        said += "; " + ", ".join(f"rank {r} then waited {_IN.get(k or '', k)}"
                                  for r, k in waiting.items())  # fmt: skip
     return said
 
 
-def _headline(job: dict[str, Any]) -> str:
+def _headline(job: Job) -> str:
     eff = job["efficiency"]
     pe = eff["parallel"]
     head = f"{len(job['ranks'])} of {job['world_size']} ranks"
     if pe is not None:
         head += f", parallel efficiency {pe:.0%}"
-    if job.get("stopped_first"):
-        return f"{head}: {_stopped_message(job['stopped_first'])}"
+    if (stop := job["stopped_first"]) is not None:
+        return f"{head}: {_stopped_message(stop)}"
     if job.get("same_samples"):
         return f"{head}: {_same_message(job)}"
     if job["stragglers"]:
