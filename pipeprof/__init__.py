@@ -25,7 +25,14 @@ def __getattr__(name: str) -> object:
 
 
 def load_ipython_extension(ipython: object) -> None:
-    """``%load_ext pipeprof``: the ``%pipeprof`` and ``%%pipeprof`` magics (pipeprof.magic)."""
+    """``%load_ext pipeprof``: the ``%pipeprof`` and ``%%pipeprof`` magics (pipeprof.magic).
+
+    Args:
+        ipython: the running IPython shell (``%load_ext`` passes it).
+
+    Raises:
+        ImportError: IPython is not installed (pipeprof.magic imports it).
+    """
     from pipeprof.magic import load_ipython_extension as load
 
     load(ipython)

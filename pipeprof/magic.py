@@ -86,6 +86,18 @@ class PipeprofMagics(Magics):
         ``%%pipeprof [-n NAME] [-d DEVICE] [--hz HZ] [-o FILE] [-q]``: run the cell under a
         ``pipeprof.Profiler`` called ``prof`` (or NAME); iterate ``prof.wrap(loader)`` in it.
         The report is returned (shown) and kept as ``_pipeprof_report``; ``-o`` also writes it.
+
+        Args:
+            line: the options, then (``%pipeprof``) the expression that names the DataLoader.
+            cell: the cell's code for ``%%pipeprof``; None: the line magic ``%pipeprof``.
+
+        Returns:
+            The Report; None with ``-q``.
+
+        Raises:
+            UsageError: bad options, ``%pipeprof`` without a DataLoader, ``%%pipeprof`` with an
+                expression, a ``-n`` that is not a Python name, or a cell that never iterated
+                ``prof.wrap(...)``.
         """
         args, rest = parse(line)
         if cell is None:
@@ -137,5 +149,9 @@ class PipeprofMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics (``%load_ext pipeprof``)."""
+    """Register the magics (``%load_ext pipeprof``).
+
+    Args:
+        ipython: the running IPython shell (``%load_ext`` passes it).
+    """
     ipython.register_magics(PipeprofMagics)

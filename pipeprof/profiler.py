@@ -175,6 +175,11 @@ class Profiler:
             between batches before it, is recorded as a hang: where each worker is, with its
             stack, in the report, a line on stderr, and a snapshot to ``stream`` (the job goes
             on); 0 turns it off (docs/findings.md#loop-hang).
+
+    Raises:
+        ValueError: ``sample_hz``, ``hang_s``, ``replay`` or ``stage_every`` is out of range,
+            ``stream`` cannot be written, or ``metrics_port`` is neither a port nor
+            ``"HOST:PORT"``.
     """
 
     def __init__(
@@ -298,7 +303,14 @@ class Profiler:
     def start(self) -> Profiler:
         """Start profiling. Starting a running Profiler does nothing (``wrap()`` starts it, and
         a framework's start hook may call ``start()`` too); one that has stopped cannot start
-        again (one Profiler covers one continuous run)."""
+        again (one Profiler covers one continuous run).
+
+        Returns:
+            This Profiler (``with prof:`` starts it this way).
+
+        Raises:
+            RuntimeError: this Profiler has already profiled a run and stopped.
+        """
         if self._running:
             return self
         if self.session.start_ns:
@@ -348,6 +360,14 @@ class Profiler:
         return gpu_readings(self._samplers)
 
     def stop(self, interrupted: bool = False) -> None:
+        """Stop profiling: the samplers, the live view and the metrics endpoint end, the steps
+        and the stages recorded so far go into the session, and it is saved to ``stream`` (if
+        one was given). Stopping a Profiler that is not running does nothing.
+
+        Args:
+            interrupted: mark the run as cut short (``report["interrupted"]`` is True);
+                ``with prof:`` passes True when its block raised.
+        """
         if not self._running:
             return
         cpu0 = time.thread_time_ns()
@@ -401,7 +421,12 @@ class Profiler:
         self.stop(interrupted=exc_type is not None)  # the exception itself propagates
 
     def report(self) -> Report:
-        """The Report so far (works during, after, and after an exception in the loop)."""
+        """The Report so far (works during, after, and after an exception in the loop).
+
+        Returns:
+            A new Report of the session as it is now; while the loop runs, regions timed by CUDA
+            events that the GPU has not finished yet are left out.
+        """
         if self._running:
             self._resolve_gpu(block=False)  # what the GPU finished, as the comm view below
         self._steps_log.fold()
@@ -415,14 +440,37 @@ class Profiler:
     # ---- regions --------------------------------------------------------------------------
 
     def region(self, key: str) -> Any:
-        """A timed region (``Forward``, ``Backward``, ``Comm``, ``IO``, ``Other``, any name)."""
+        """A timed region (``Forward``, ``Backward``, ``Comm``, ``IO``, ``Other``, any name).
+
+        Args:
+            key: the region's name: any non-empty string.
+
+        Returns:
+            A context manager: ``with prof.region("Forward"):`` times the block by the
+            Profiler's ``timer``, and closes the region even if the block raises.
+
+        Raises:
+            TypeError: ``key`` is not a str.
+            ValueError: ``key`` is empty.
+        """
         return self.timer.region(key)
 
     def time_comm(self, model: Any, hook: Any = None, state: Any = None) -> Any:
         """Time the gradient all-reduce of a ``DistributedDataParallel`` model as each step's
-        ``comm`` (NOTE [ Comm ] in collect/comm.py); returns ``model``. Call it instead of
+        ``comm`` (NOTE [ Comm ] in collect/comm.py). Call it instead of
         ``model.register_comm_hook(state, hook)`` (DDP takes one hook), before the first
-        backward; without ``hook``, DDP's own all-reduce (same results)."""
+        backward. Steps outside this Profiler's run are not timed.
+
+        Args:
+            model: the ``DistributedDataParallel`` model.
+            hook: the communication hook to register, timed, as ``register_comm_hook`` takes
+                it; None: DDP's own all-reduce (same results).
+            state: the state DDP passes to ``hook``; ignored without ``hook`` (DDP's all-reduce
+                gets the model's process group).
+
+        Returns:
+            ``model``, with the timed hook registered.
+        """
         time_ddp(model, self.comm_target, hook, state)
         return model
 
@@ -452,7 +500,23 @@ class Profiler:
         """Iterate ``data`` (a DataLoader, a tf.data.Dataset or any iterable) and time each step.
 
         Like a DataLoader, the result can be iterated again (each pass is an epoch) and has the
-        ``len()`` of ``data``.
+        ``len()`` of ``data``. Starts the Profiler if it is not running.
+
+        Args:
+            data: a ``torch.utils.data.DataLoader``, a ``tf.data.Dataset`` or any iterable of
+                batches. The same DataLoader wrapped again is profiled through the same copy,
+                so its persistent workers persist across epochs.
+            device: where each batch of a DataLoader or tf.data.Dataset is moved (the copy is
+                timed as ``transfer/h2d``; the batches of another iterable are not moved);
+                None: the Profiler's ``device``.
+
+        Returns:
+            A drop-in for ``data``: each ``iter()`` is one timed pass over its batches, and
+            ``len()`` and any other attribute (``dataset``, ``batch_size``...) are ``data``'s.
+
+        Raises:
+            TypeError: ``data`` is not iterable.
+            RuntimeError: this Profiler has already profiled a run and stopped.
         """
         device = device if device is not None else self.device
         started = not self._running
@@ -531,14 +595,33 @@ class Profiler:
 
     def release(self, loader: Any) -> None:
         """Let go of the profiled twin of ``loader``, with its dataset and any persistent
-        workers: the loader is not iterated again."""
+        workers: the loader is not iterated again.
+
+        Args:
+            loader: a DataLoader given to ``wrap``; one this Profiler holds no twin of is
+                ignored.
+        """
         self._twins[:] = [t for t in self._twins if t[0] is not loader]
 
     def begin_pass(self, data: Any) -> tuple[Iterator[Any], Any, Any, Any]:
-        """A pass over ``data`` begun as a plain ``iter()`` begins it (its workers started):
-        its steps, and for a DataLoader torch's own iterator where the pass can answer for it
-        (NOTE [ The user's own iterator ] in collect/torch/loader.py; else None), the pass's
-        short path (NOTE [ The fast path ] in attach/run.py; else None) and the profiled twin."""
+        """A pass over ``data`` begun as a plain ``iter()`` begins it (its workers started).
+
+        Args:
+            data: what ``wrap`` takes: a DataLoader, a tf.data.Dataset or any iterable of
+                batches.
+
+        Returns:
+            ``(steps, iterator, short, twin)``: the pass's steps (an iterator of the batches,
+            timed step by step); for a DataLoader, torch's own iterator where the pass can
+            answer for it (NOTE [ The user's own iterator ] in collect/torch/loader.py; else
+            None) and the pass's short path (NOTE [ The fast path ] in attach/run.py; else
+            None), both None for other data; and the profiled twin (for other data, the
+            profiled source ``wrap`` made).
+
+        Raises:
+            TypeError: ``data`` is not iterable.
+            RuntimeError: this Profiler has already profiled a run and stopped.
+        """
         wrapped = self.wrap(data)
         source: Any = wrapped._source  # a ProfiledLoader for a DataLoader
         if not is_torch_loader(data):
@@ -785,8 +868,19 @@ class Profiler:
     # SNAPSHOT_SPANS (the loop's end writes them all). Measured: benchmarks/stream_cost.py.
     def snapshot(self, path: str, samplers: list[Any] | None = None,
                  note: str | None = None) -> None:  # fmt: skip
-        """Save the session as it is now to ``path``, marked partial (NOTE [ Snapshots ]);
-        ``samplers``: the host and GPU samplers to read (default: this profiler's own)."""
+        """Save the session as it is now to ``path``, marked partial (NOTE [ Snapshots ]).
+
+        The file keeps the latest ``SNAPSHOT_SPANS`` spans; the loop's end writes them all.
+
+        Args:
+            path: the file to write (JSON; replaced atomically, never left half written).
+            samplers: the host and GPU samplers to read; None: this profiler's own.
+            note: one more note, written in the file only (the session does not keep it);
+                None: no note.
+
+        Raises:
+            OSError: ``path`` cannot be written.
+        """
         s = self.session
         s.end_ns = clock()
         self._steps_log.fold()
@@ -835,8 +929,22 @@ class Profiler:
     def replay(self, step: Callable[[Any], Any], repeats: int = 3) -> dict[str, Any]:
         """Run ``step(batch)`` on the cached batches (``Profiler(replay=N)``): compute alone.
 
-        ``step`` must not change your training: build it on a copy of the model and optimizer,
-        or leave out ``optimizer.step()``. Returns and stores compute-only samples/s.
+        Args:
+            step: called as ``step(batch)`` for each cached batch, one training step each (once
+                more on the first batch beforehand, untimed, to warm up). It must not change
+                your training: build it on a copy of the model and optimizer, or leave out
+                ``optimizer.step()``.
+            repeats: timed passes over the cached batches (CUDA synchronised after each, where
+                torch has it); the median pass (the slower middle one for an even count) gives
+                the rate.
+
+        Returns:
+            ``{"batches", "repeats", "compute_samples_per_s"}``: the compute-only samples/s,
+            also stored for the report (``report["loop"]["replay"]``).
+
+        Raises:
+            RuntimeError: no batches are cached (the Profiler was made without ``replay=N``,
+                or ``prof.wrap(loader)`` was not iterated yet).
         """
         if not self._cached:
             raise RuntimeError(
@@ -924,6 +1032,11 @@ def profile(
 
     Returns:
         The Report (``print`` it, ``render("html")``, ``save(path)``, ``to_dict()``).
+
+    Raises:
+        TypeError: ``loader`` is neither a DataLoader nor a tf.data.Dataset, or ``batches`` is
+            not an int.
+        ValueError: ``batches`` or ``stage_every`` is below 1, or the loader yields no batches.
     """
     _check_batches(batches)
     _check_stage_every(stage_every)

@@ -29,6 +29,10 @@ class Report(Result):
     with rich installed) and as an HTML page in Jupyter. ``to_dict()`` gives the JSON contract of
     docs/schema.md; ``save`` writes it together with the raw session, which ``pipeprof.load`` reads.
     Times are seconds (``_s``) or milliseconds (``_ms``); fractions are 0-1; n/a is ``None``.
+
+    Args:
+        session: the collected session to analyse (``Profiler`` and ``profile`` make one); it is
+            analysed once, here.
     """
 
     def __init__(self, session: Session) -> None:
@@ -37,6 +41,21 @@ class Report(Result):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
+        """Load a report saved with ``Report.save`` (or a raw session file).
+
+        Args:
+            path: the file ``Report.save`` wrote (or a session saved on its own, such as a
+                ``stream=`` file).
+
+        Returns:
+            The Report, analysed again from the saved session.
+
+        Raises:
+            FileNotFoundError: there is no file at ``path``.
+            ValueError: the file holds no pipeprof session (a report written as plain JSON has
+                none), or its session is damaged or cannot be analysed; the message names the
+                file.
+        """
         session = read_file(path)  # ValueError naming the file when it is no valid session
         try:
             return cls(session)
@@ -51,23 +70,52 @@ class Report(Result):
 
     @property
     def verdict(self) -> dict[str, Any]:
+        """The verdict (a copy of ``to_dict()["verdict"]``)."""
         return dict(self._data["verdict"])
 
     @property
     def findings(self) -> list[dict[str, Any]]:
+        """The findings (a copy of ``to_dict()["findings"]``)."""
         return [dict(f) for f in self._data["findings"]]
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report and its raw session as one JSON file; returns the path. In a
-        distributed job of more than one rank, ``run.json`` becomes ``run.rank3.json`` (unless
-        the path names its rank already): ranks never overwrite each other's file."""
+        """Write the report and its raw session as one JSON file, which ``pipeprof.load`` reads.
+
+        Args:
+            path: the file to write (replaced atomically). In a distributed job of more than
+                one rank, ``run.json`` becomes ``run.rank3.json`` (unless the path names its
+                rank already): ranks never overwrite each other's file.
+
+        Returns:
+            The path written.
+
+        Raises:
+            OSError: the file cannot be written (the message names ``path``).
+        """
         from pipeprof.collect.ranks import rank_path
 
         text = json.dumps({**self._data, "session": self.session.to_dict()})
         return write_atomic(rank_path(path), text)
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """``text`` (rich summary), ``json``, ``html`` or ``chrome`` (a Perfetto trace)."""
+        """``text`` (rich summary), ``json``, ``html`` or ``chrome`` (a Perfetto trace).
+
+        Args:
+            fmt: ``"text"``, ``"json"``, ``"html"`` or ``"chrome"``.
+            **options: the format's own: ``text`` takes ``width`` (columns, default 80) and
+                ``color`` (default False; ``NO_COLOR`` in the environment turns it off);
+                ``json`` takes ``indent`` (default 2; None: one line) and ``session`` (default
+                False; True: include the raw session, as ``save`` writes it); ``html`` takes
+                ``fragment`` (default False; True: the part Jupyter embeds, without the page
+                around it); ``chrome`` takes ``indent`` (default None: one line).
+
+        Returns:
+            The rendered report as a string.
+
+        Raises:
+            ValueError: ``fmt`` is not one of the four.
+            TypeError: an option the format does not take.
+        """
         from pipeprof.render import get_renderer
 
         return get_renderer(fmt, **options).render(self)
@@ -79,18 +127,39 @@ class Report(Result):
 
     def log_to(self, target: str, **options: Any) -> str:
         """Log the report's metrics (``pipeprof/wait_fraction``, ... and per-step curves),
-        params and summary to ``"tensorboard"`` (``log_dir=``; returns it), ``"mlflow"``
-        (``tracking_uri=``, ``run_id=``, ``experiment=``: the active run, else a new one;
-        returns the run's id) or ``"wandb"`` (``run=`` or ``wandb.init`` options: the active
-        run, else a new one; returns the run's id). The tool is imported now; a missing one
-        raises ImportError naming the extra. Names and options: docs/integrations.md."""
+        params and summary to TensorBoard, MLflow or Weights & Biases. The tool is imported
+        now. Names and options: docs/integrations.md.
+
+        Args:
+            target: ``"tensorboard"``, ``"mlflow"`` or ``"wandb"``.
+            **options: the target's own: ``log_dir`` for ``"tensorboard"`` (default
+                ``runs/pipeprof-<date>-<time>``); ``tracking_uri``, ``run_id`` and
+                ``experiment`` for ``"mlflow"`` (default: the active run, else a new one);
+                ``run`` or ``wandb.init`` options for ``"wandb"`` (default: the active run,
+                else a new one).
+
+        Returns:
+            The TensorBoard log folder, or the MLflow or W&B run's id.
+
+        Raises:
+            ValueError: ``target`` is none of the three.
+            ImportError: the tool is not installed (the message names the extra to install).
+        """
         from pipeprof.integrations.export import log_to
 
         return log_to(self, target, **options)
 
     def compare(self, other: Report) -> Comparison:
         """This report (before) against ``other`` (after): per stage, for the loop, and how the
-        verdict changed. The Comparison shows itself like a Report; ``to_dict()`` gives data."""
+        verdict changed.
+
+        Args:
+            other: the report after the change.
+
+        Returns:
+            The Comparison, labelled ``before`` and ``after``; it shows itself like a Report,
+            and ``to_dict()`` gives data.
+        """
         return compare(self, other)
 
     def __repr__(self) -> str:
@@ -114,7 +183,21 @@ class _Rendered(Result):
         return self._data
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """``text`` (80 columns), ``json`` or ``html``."""
+        """``text`` (80 columns), ``json`` or ``html``.
+
+        Args:
+            fmt: ``"text"``, ``"json"`` or ``"html"``.
+            **options: ``width`` (text columns, default 80) and ``color`` (ANSI colours in the
+                text, default False); ``fragment`` (HTML without the page around it, default
+                False). ``json`` ignores them.
+
+        Returns:
+            The rendered result as a string.
+
+        Raises:
+            ValueError: ``fmt`` is none of the three.
+            TypeError: an option not named here.
+        """
         return importlib.import_module(self._renderer).render(self._data, fmt, **options)  # type: ignore[no-any-return]
 
     def _renderables(self) -> Iterable[Any]:
@@ -126,7 +209,12 @@ class _Rendered(Result):
 
 class Comparison(_Rendered):
     """Two profiles side by side (schema ``pipeprof-compare/1``; analyze/compare.py says what
-    each figure means); shows itself in a terminal and in Jupyter like a Report."""
+    each figure means); shows itself in a terminal and in Jupyter like a Report.
+
+    Args:
+        data: the comparison as plain data (schema ``pipeprof-compare/1``), as
+            ``pipeprof.compare`` makes it or a saved comparison holds it.
+    """
 
     _renderer = "pipeprof.render.comparison"
 
@@ -140,7 +228,23 @@ Source = Report | dict[str, Any] | str | os.PathLike[str]
 
 def compare(before: Source, after: Source, labels: tuple[str, str] | None = None) -> Comparison:
     """Compare two profiles: Reports, report dictionaries or files saved by ``report.save`` (or
-    written as plain report JSON)."""
+    written as plain report JSON).
+
+    Args:
+        before: the profile before the change: a Report, a report dictionary
+            (``report.to_dict()``), or the path of a saved report.
+        after: the profile after the change, as ``before``.
+        labels: the two profiles' names in the comparison, ``(before, after)``; None: the
+            files' names (``before`` and ``after`` for a Report or a dictionary), as
+            ``before (NAME)`` and ``after (NAME)`` where both are the same.
+
+    Returns:
+        The Comparison (``print`` it, ``render("html")``, ``save(path)``, ``to_dict()``).
+
+    Raises:
+        FileNotFoundError: a path names no file.
+        ValueError: a file is not a pipeprof report, or is a damaged one.
+    """
     b, name_b = _as_dict(before)
     a, name_a = _as_dict(after)
     if labels is None:
@@ -151,7 +255,20 @@ def compare(before: Source, after: Source, labels: tuple[str, str] | None = None
 
 
 def load(path: str | os.PathLike[str]) -> Report:
-    """Load a report saved with ``Report.save`` (or a raw session file)."""
+    """Load a report saved with ``Report.save`` (or a raw session file).
+
+    Args:
+        path: the file ``Report.save`` wrote (or a session saved on its own, such as a
+            ``stream=`` file).
+
+    Returns:
+        The Report, analysed again from the saved session.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        ValueError: the file holds no pipeprof session (a report written as plain JSON has
+            none), or its session is damaged or cannot be analysed; the message names the file.
+    """
     return Report.load(path)
 
 
@@ -243,12 +360,20 @@ class Job(_Rendered):
     """One report for a distributed job, from its ranks' reports (schema ``pipeprof-job/1``;
     NOTE [ Job report ] in analyze/job.py): per-rank wait / transfer / compute / comm / other
     and samples/s, the straggler ranks and their slow stage, POP efficiencies and the rate if
-    every rank's pipeline kept up. Shows itself like a Report."""
+    every rank's pipeline kept up. Shows itself like a Report.
+
+    Args:
+        data: the job report as plain data (schema ``pipeprof-job/1``), as ``pipeprof.merge``
+            makes it or a saved job report holds it.
+        ranks: the ranks' reports it was made from, for ``render("chrome")``; None: none (a
+            job report read back from its file has none).
+    """
 
     _renderer = "pipeprof.render.job"
 
     @property
     def stragglers(self) -> list[dict[str, Any]]:
+        """The straggler ranks (a copy of ``to_dict()["stragglers"]``)."""
         return [dict(s) for s in self._data["stragglers"]]
 
     def __init__(self, data: Mapping[str, Any], ranks: list[Report] | None = None) -> None:
@@ -256,9 +381,24 @@ class Job(_Rendered):
         self._ranks = ranks or []  # the ranks' reports, where made from them: for the trace
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """``text`` (80 columns), ``json``, ``html``, or ``chrome``: one Chrome/Perfetto trace
+        """``text`` (100 columns), ``json``, ``html``, or ``chrome``: one Chrome/Perfetto trace
         of every rank (a process per rank's main and workers, clocks aligned), from the ranks'
-        reports (``pipeprof.merge`` of files or Reports)."""
+        reports (``pipeprof.merge`` of files or Reports).
+
+        Args:
+            fmt: ``"text"``, ``"json"``, ``"html"`` or ``"chrome"``.
+            **options: ``width`` (text columns, default 100) and ``color`` (ANSI colours in
+                the text, default False); ``fragment`` (HTML without the page around it,
+                default False); ``indent`` for ``chrome`` (default None: one line).
+
+        Returns:
+            The rendered job report as a string.
+
+        Raises:
+            ValueError: ``fmt`` is none of the four, or ``chrome`` for a Job that holds no
+                ranks' reports (one read back from its file).
+            TypeError: an option ``text``, ``json`` or ``html`` does not take.
+        """
         if fmt != "chrome":
             return super().render(fmt, **options)
         if not self._ranks:
@@ -277,8 +417,23 @@ class Job(_Rendered):
 def merge(ranks: Iterable[Report | str | os.PathLike[str]]) -> Job:
     """One job report from the reports of a distributed job's ranks: ``Report`` objects or the
     files each rank saved (``run.rank0.json``, ``run.rank1.json``...). A missing rank is named
-    in the report; duplicate ranks, files of different world sizes or of different runs raise
-    ``ValueError`` saying which files."""
+    in the report.
+
+    Args:
+        ranks: each rank's ``Report`` of a training loop, or the file it saved with
+            ``report.save``, in any order.
+
+    Returns:
+        The Job (``print`` it, ``render("html")``, ``render("chrome")`` for one trace of every
+        rank, ``save(path)``, ``to_dict()``).
+
+    Raises:
+        ValueError: no reports are given, a report says nothing of its rank or is not a
+            training loop's, or there are duplicate ranks, files of different world sizes or
+            of different runs (the message says which files); or a file cannot be read as a
+            saved report (as ``pipeprof.load``).
+        FileNotFoundError: a path names no file.
+    """
     from pipeprof.analyze.job import job_dict
 
     named: list[tuple[str, dict[str, Any]]] = []

@@ -49,10 +49,22 @@ __all__ = ["ProfilerCallback"]
 class ProfilerCallback(_keras.callbacks.Callback):  # type: ignore[misc,name-defined]
     """Attributes ``fit()``'s step time to waiting for data and computing; ``report()`` after.
 
-    ``dataset``: the tf.data.Dataset given to ``fit`` (optional) names stages after your map
-    functions and gives the batch size. ``skip_steps`` steps are left out first (the first step
-    compiles the train function); then ``trace_steps`` steps are traced. ``differential`` adds
-    a compute-only run on cached batches after training (weights and optimizer restored).
+    Args:
+        dataset: the tf.data.Dataset given to ``fit``: names stages after your map functions
+            and gives the batch size; the differential run takes its batches from it. None:
+            no differential run (so where the TensorFlow profiler cannot run, no step's wait
+            is measured).
+        skip_steps: steps left out first (the first step compiles the train function); 0 or
+            more.
+        trace_steps: steps traced after them, at least 1; the window ends sooner at the
+            epoch's end or at validation, and the report covers the traced steps only.
+        differential: add a compute-only run on cached batches after training (weights and
+            optimizer restored); it runs anyway where the TensorFlow profiler could not.
+        replay_batches: how many of ``dataset``'s batches the differential run caches and
+            replays with ``train_on_batch``.
+
+    Raises:
+        ValueError: ``trace_steps`` is below 1 or ``skip_steps`` below 0.
     """
 
     def __init__(

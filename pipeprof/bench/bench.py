@@ -49,18 +49,50 @@ def bench(
 ) -> Bench:
     """Benchmark the load and every transform step of a pipeline on a fixed set of samples.
 
-    ``source`` is a map-style dataset (its ``transform``/``target_transform``/``transforms`` are
-    split into steps; ImageFolder-style datasets get ``load/read`` and ``load/decode``), a
-    ``DataLoader`` (its dataset, batch size, ``collate_fn`` and worker count), or, with
-    ``transforms`` (a Compose, ``nn.Sequential``, list of callables or one callable), any
-    sequence or iterable of the transforms' inputs. ``samples`` fixed samples (an int, drawn with
-    ``seed``, or a list of indices) get ``warmup`` untimed calls per step and ``repeat`` timed
-    passes; random steps are reseeded per pass. ``workers`` (an int or a list) adds real
-    DataLoader runs of about ``seconds`` each, with ``batch_size`` (default: the loader's, else
-    16). ``probe`` measures how busy the cores are with other programs (0.25 s).
+    Each step gets ``warmup`` untimed calls and ``repeat`` timed passes over the fixed samples;
+    random steps are reseeded per pass. A tf.data pipeline is benchmarked prefix by prefix
+    (each op's marginal cost per sample, see bench/tf.py) and gives a ``TFBench``; of the
+    arguments, only ``samples`` (a list counts as its length), ``repeat`` and ``warmup`` apply.
 
-    A tf.data pipeline is benchmarked prefix by prefix (each op's marginal cost per sample, see
-    bench/tf.py) and gives a ``TFBench``; ``workers`` does not apply.
+    Args:
+        source: a map-style dataset (its ``transform``/``target_transform``/``transforms`` are
+            split into steps; ImageFolder-style datasets get ``load/read`` and
+            ``load/decode``), a ``DataLoader`` (its dataset, batch size, ``collate_fn`` and
+            worker count), or, with ``transforms``, any sequence or iterable of the
+            transforms' inputs; or a ``tf.data.Dataset``.
+        transforms: the steps to time on each sample of ``source``: a Compose,
+            ``nn.Sequential``, list of callables or one callable; None: the dataset's own.
+            Not for a tf.data pipeline.
+        workers: worker counts (an int or several) to run a real DataLoader at, about
+            ``seconds`` each, against the model's prediction (the ``scaling`` rows); 0 is the
+            main process alone; None: no runs. Not for a tf.data pipeline (its parallelism is
+            ``num_parallel_calls``).
+        samples: how many fixed samples, drawn with ``seed`` (all of a dataset that has no
+            more; the first ones of an iterable without indexing), or a list of the dataset's
+            indices.
+        batch_size: samples per batch, for the per-batch costs (collate, hand-over) and the
+            DataLoader runs; None: the DataLoader's (1 where it has none), else 16.
+        repeat: timed passes per step, at least 1.
+        warmup: untimed calls per step before them, 0 or more.
+        seed: draws the samples and reseeds the random steps at each pass.
+        collate_fn: batches the samples for the per-batch costs and the DataLoader runs; None:
+            the DataLoader's, else torch's ``default_collate`` (lists where it cannot batch
+            them, with a note).
+        seconds: about how long each run of ``workers`` lasts, in seconds.
+        probe: measure how busy the cores are with other programs (0.25 s) and what each
+            process gets done with all of them busy; False: every usable core counts as
+            free.
+
+    Returns:
+        The Bench (``print`` it, ``render("html")``, ``predict(...)``, ``to_dict()``); a
+        ``TFBench`` for a tf.data pipeline.
+
+    Raises:
+        TypeError: ``source`` is neither a dataset nor a sequence or iterable of samples (a
+            str or bytes is not one).
+        ValueError: ``repeat`` is below 1, ``warmup`` below 0, ``batch_size`` negative, a
+            worker count negative, ``samples`` below 1 or an empty list, or ``source`` has no
+            samples; for a tf.data pipeline, ``transforms`` or ``workers`` given.
     """
     if _is_tf(source):
         if transforms is not None or workers is not None:
@@ -198,6 +230,22 @@ class Bench(Result):
     (schema ``pipeprof-bench/1``); ``predict(...)`` answers what-if questions. Times are ms per
     sample unless named otherwise; n/a is None. ``delivered`` is the number of fixed samples that
     made it through every step (0: every one failed somewhere, and there are no predictions).
+
+    Made by ``pipeprof.bench``, from its measurements:
+
+    Args:
+        stages: each stage's timings: the load, its parts and every transform step.
+        loaded: the fixed samples: how often each step ran per sample, and the samples that
+            made it through every step.
+        batch_size: samples per batch.
+        cores: the cores this process may use.
+        share: from the probe: (cores this program gets with all of them busy, runnable
+            tasks of other programs).
+        costs: the per-batch costs: ``collate_ms``, ``collate_cpu_ms``, ``send_ms`` (ms per
+            batch), and ``collate``, the collate function used.
+        main_ms: the main process's ms to receive one batch from a worker.
+        notes: what the benchmark noted on the way.
+        loader_workers: the DataLoader's worker count; None: ``source`` was not a DataLoader.
     """
 
     def __init__(
@@ -263,13 +311,30 @@ class Bench(Result):
     ) -> whatif.Prediction:
         """Predicted samples/s at ``workers`` (default ``default_workers``; 0: no workers).
 
-        ``speedup={"transform/Resize": 2}`` makes stages N times faster, ``cached=["load"]`` makes
-        them free; ``compute_rate`` (samples/s the training step takes, accelerator-bound) gives
-        the training rate, the workers needed to feed it and the ceiling if data were free.
-        ``background`` is the runnable tasks of other programs on all the cores (default: what the
-        probe found; 0 for a machine of your own). The result is a float with ``.details``; see
-        NOTE [ Worker pool model ] in whatif.py. A pipeline that delivered no sample (``delivered``
-        is 0: every one failed in some step) has no prediction: ``ValueError``.
+        Args:
+            workers: DataLoader workers; 0: no workers (the main process loads); None:
+                ``default_workers``.
+            compute_rate: samples/s the training step takes (accelerator-bound); gives the
+                training rate, the workers needed to feed it and the ceiling if data were
+                free; None: the loader's rate alone.
+            speedup: stage paths and how many times faster each is made:
+                ``{"transform/Resize": 2}`` (a child's saving comes off its parent too; naming
+                a parent speeds up its children with it); None: none.
+            cached: stage paths made free, their output coming from a cache in memory:
+                ``["load"]``; None: none.
+            background: the runnable tasks of other programs on all the cores; None: what the
+                probe found; 0 for a machine of your own.
+
+        Returns:
+            The predicted samples/s: a float with ``.details`` (the limit, the ceiling and its
+            worker count, and with ``compute_rate`` the workers needed; see NOTE [ Worker pool
+            model ] in whatif.py). Where ``workers=`` ran worker counts, a prediction at 1 or
+            more workers is anchored to the nearest run (NOTE [ Anchored predictions ]).
+
+        Raises:
+            ValueError: the pipeline delivered no sample (``delivered`` is 0: every one failed
+                in some step), so it has no prediction; or a speed-up is not above 0.
+            KeyError: ``speedup`` or ``cached`` names no stage.
         """
         if not self.delivered:
             raise ValueError(
@@ -302,7 +367,16 @@ class Bench(Result):
     # cannot reach.
     def anchor(self, workers: int) -> dict[str, Any] | None:
         """The measured run a prediction at ``workers`` is anchored to, and the factor on the
-        workers' costs that makes the model give what it ran."""
+        workers' costs that makes the model give what it ran.
+
+        Args:
+            workers: the worker count of the prediction.
+
+        Returns:
+            ``workers`` (the run's), ``factor``, ``cpu_factor`` (None: wall and CPU scaled
+            alike), ``main_ms`` and ``measured_samples_per_s``; None: no anchor (``workers``
+            below 1, no run with workers measured, or one the model cannot reach).
+        """
         rows = [r for r in self.scaling if r["workers"] >= 1 and r.get("samples_per_s")]
         if workers < 1 or not rows:
             return None
@@ -403,8 +477,20 @@ class Bench(Result):
         return as_dict(self)
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """The results as ``text``, ``json`` or ``html``; options ``width`` (columns) and
-        ``fragment`` (HTML without the page around it)."""
+        """The results as ``text``, ``json`` or ``html``.
+
+        Args:
+            fmt: ``"text"``, ``"json"`` or ``"html"``.
+            **options: ``width`` (columns, default 100) and ``fragment`` (HTML without the
+                page around it, default False); ``json`` ignores them.
+
+        Returns:
+            The rendered results as a string.
+
+        Raises:
+            ValueError: ``fmt`` is none of the three.
+            TypeError: an option not named here.
+        """
         from pipeprof.render.bench import render
 
         return render(self.to_dict(), fmt, **options)

@@ -72,19 +72,46 @@ def bench_encodings(
 ) -> Encodings:
     """Benchmark the samples of ``source`` stored in other encodings, stage by stage.
 
-    ``source`` is a map-style dataset (an ImageFolder-style one, one backed by h5py, or any other
-    whose ``dataset[i]`` gives an image or array before its transforms), a ``DataLoader`` over
-    one, or an ``h5py.Dataset`` (samples along its first axis). ``samples`` fixed samples (drawn
-    with ``seed``) are written in each candidate encoding to a temporary folder (removed after)
-    and read back: per sample, read-and-decode wall and CPU ms, the share of it holding the GIL,
-    bytes on disk, the quality lost (PSNR), and the throughput the what-if model predicts with
-    it at ``workers`` (default: the loader's worker count, else one per core but one). See
-    NOTE [ Encoding what-if ]. A row that cannot hold the samples (float data in JPEG) is not
-    applicable and says why. ``kinds`` limits the candidates to some of ``jpeg``, ``png``,
-    ``webp``, ``npy`` and ``hdf5`` (default: all). A real DataLoader then runs the samples as
-    stored for about ``seconds`` at ``workers``: the current row's samples/s is that measured
-    rate, and every other row's is it times the row's predicted gain (NOTE [ Anchored to a real
-    run ]); ``seconds=0`` keeps the model's figures alone.
+    The fixed samples are written in each candidate encoding to a temporary folder (removed
+    after) and read back: per sample, read-and-decode wall and CPU ms, the share of it holding
+    the GIL, bytes on disk, the quality lost (PSNR), and the throughput the what-if model
+    predicts with it at ``workers``. See NOTE [ Encoding what-if ]. A row that cannot hold the
+    samples (float data in JPEG) is not applicable and says why. A real DataLoader then runs
+    the samples as stored for about ``seconds`` at ``workers``: the current row's samples/s is
+    that measured rate, and every other row's is it times the row's predicted gain (NOTE
+    [ Anchored to a real run ]; the run is skipped, with a note, for a dataset holding an open
+    h5py file or where it fails).
+
+    Args:
+        source: a map-style dataset (an ImageFolder-style one, one backed by h5py, or any
+            other whose ``dataset[i]`` gives an image or array before its transforms), a
+            ``DataLoader`` over one (its worker count, batch size and start method are used),
+            or an ``h5py.Dataset`` (samples along its first axis).
+        samples: how many fixed samples, drawn with ``seed`` (all of a dataset that has no
+            more), or a list of the dataset's indices.
+        seed: draws the samples and reseeds the random steps at each timed pass.
+        workers: the worker count the predictions and the real run are at; None: the
+            DataLoader's worker count (where above 0), else one per core but one.
+        batch_size: samples per batch; None: the DataLoader's, else 16 (as ``pipeprof.bench``).
+        repeat: timed passes over the samples per stage and per read, at least 1.
+        warmup: untimed calls before them, 0 or more.
+        probe: measure how busy the cores are with other programs, as ``pipeprof.bench``
+            does; False: every usable core counts as free.
+        kinds: limits the candidates to some of ``"jpeg"``, ``"png"``, ``"webp"``, ``"npy"``
+            and ``"hdf5"``; None: all.
+        seconds: about how long the real DataLoader run lasts, in seconds; 0 keeps the
+            model's figures alone.
+
+    Returns:
+        The Encodings, one row per encoding with the current first (``print`` it,
+        ``render("html")``, ``best``, ``predict(...)``, ``to_dict()``).
+
+    Raises:
+        TypeError: ``source`` is not a map-style dataset, a DataLoader or an h5py.Dataset.
+        ValueError: ``seconds`` is not a number of seconds of 0 or more, ``kinds`` names an
+            unknown encoding, ``source`` has no samples or is a closed h5py dataset, no sample
+            made it through the pipeline, or ``samples``, ``repeat``, ``warmup`` or
+            ``batch_size`` is out of range (as in ``pipeprof.bench``).
     """
     if (
         isinstance(seconds, bool)
@@ -385,6 +412,18 @@ class Encodings(Result):
     encoding's measured run, ``anchor``; ``model_samples_per_s``: the model's alone; the current
     row's ``measured_samples_per_s``) and its ``limit``, ``quality`` and ``lossy``. ``best``
     names the fastest and its trade-off. n/a is None, never 0.
+
+    Made by ``pipeprof.bench_encodings``, from its measurements:
+
+    Args:
+        rows: one dict per encoding, the current first (the fields above); ``speedup`` and
+            ``size_vs_current`` are added here.
+        models: the pipeline's what-if model with each applicable encoding, by its name.
+        workers: the worker count the rows' predictions are at.
+        b: the ``pipeprof.bench`` result of the pipeline as it is.
+        cur: how the samples are stored now.
+        anchor: the real DataLoader run the predictions are scaled to (NOTE [ Anchored to a
+            real run ]); None: none.
     """
 
     def __init__(
@@ -471,7 +510,20 @@ class Encodings(Result):
         }
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """The table as ``text``, ``json`` or ``html`` (``width``, ``fragment``)."""
+        """The table as ``text``, ``json`` or ``html``.
+
+        Args:
+            fmt: ``"text"``, ``"json"`` or ``"html"``.
+            **options: ``width`` (columns, default 120) and ``fragment`` (HTML without the
+                page around it, default False); ``json`` ignores them.
+
+        Returns:
+            The rendered table as a string.
+
+        Raises:
+            ValueError: ``fmt`` is none of the three.
+            TypeError: an option not named here.
+        """
         from pipeprof.render.encodings import render
 
         return render(self.to_dict(), fmt, **options)
@@ -482,10 +534,20 @@ class Encodings(Result):
         return renderables(self.to_dict())
 
     def predict(self, encoding: str, workers: int | None = None) -> float:
-        """Predicted samples/s with ``encoding`` (a row's name) at ``workers`` (default: the
-        benchmark's); at another count, the model's rate there times the same anchor factor
-        (measured ÷ modelled at the benchmark's count). ``KeyError`` for an unknown or not
-        applicable row."""
+        """Predicted samples/s with ``encoding`` (a row's name) at ``workers``.
+
+        Args:
+            encoding: a row's ``encoding`` name, such as the current one or ``best["encoding"]``.
+            workers: the worker count; None: the benchmark's (the row's own figure). At another
+                count, the model's rate there times the same anchor factor (measured ÷
+                modelled at the benchmark's count).
+
+        Returns:
+            The predicted samples/s.
+
+        Raises:
+            KeyError: ``encoding`` names no row, or a row that is not applicable.
+        """
         row = next((r for r in self.rows if r["encoding"] == encoding), None)
         if row is None or not row.get("applicable"):
             names = ", ".join(r["encoding"] for r in self.rows if r.get("applicable"))

@@ -62,7 +62,16 @@ def _q(values: list[int], q: float) -> float:
 
 
 class TFBench(Result):
-    """The prefix benchmark's result: a table of ops with their marginal cost per sample."""
+    """The prefix benchmark's result: a table of ops with their marginal cost per sample.
+
+    Made by ``pipeprof.bench`` for a tf.data pipeline:
+
+    Args:
+        rows: one dict per prefix of the pipeline (source, source+op, ..., the whole), in
+            order: its op, stage, timings per sample and output.
+        samples: the elements timed per prefix and pass.
+        repeat: the timed passes per prefix.
+    """
 
     def __init__(self, rows: list[dict[str, Any]], samples: int, repeat: int) -> None:
         self.rows = rows
@@ -88,6 +97,15 @@ class TFBench(Result):
                 else None}  # fmt: skip
 
     def predict(self, **kwargs: Any) -> float:
+        """Not available for tf.data: worker-count predictions are for PyTorch DataLoaders.
+
+        Args:
+            **kwargs: accepted as ``Bench.predict`` takes them, and not used.
+
+        Raises:
+            NotImplementedError: always; raise ``num_parallel_calls`` (or AUTOTUNE) on the
+                slowest map instead.
+        """
         raise NotImplementedError(
             "worker-count predictions are for PyTorch DataLoaders; tf.data runs its stages in "
             "threads: raise num_parallel_calls (or AUTOTUNE) on the slowest map instead"
@@ -112,8 +130,19 @@ class TFBench(Result):
         yield self._table()
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """The table as ``text``, ``json`` or ``html``; options ``width`` (columns) and
-        ``fragment`` (HTML without the page around it)."""
+        """The table as ``text``, ``json`` or ``html``.
+
+        Args:
+            fmt: ``"text"``, ``"json"`` or ``"html"``.
+            **options: ``width`` (text columns, default 80) and ``fragment`` (HTML without the
+                page around it, default False); others are ignored.
+
+        Returns:
+            The rendered table as a string.
+
+        Raises:
+            ValueError: ``fmt`` is none of the three.
+        """
         width, fragment = int(options.get("width", 80)), bool(options.get("fragment"))
         import io
         import json

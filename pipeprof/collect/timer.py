@@ -166,20 +166,34 @@ def _cuda_possible() -> bool:
 class Timer:
     """Named region timer with per-key statistics in milliseconds.
 
-    ``backend``: ``"cpu"`` times with ``clock`` (``time.perf_counter_ns``, integer nanoseconds);
-    ``"cuda"`` times GPU work with CUDA events (see NOTE [ CUDA event batching ]);
-    ``"auto"`` uses ``cuda`` once this process has initialised CUDA, ``cpu`` until then (NOTE
-    [ Auto backend ]; ``on_cuda(timer)`` is called when it turns). ``event_factory`` makes the
-    ``cuda`` backend's events (default ``torch.cuda.Event(enable_timing=True)``).
-    ``sink(key, start_ns, duration_ns)`` is called for
-    every region when its duration is known; ``start_ns`` is ``clock()`` at ``start``. On the
-    ``cuda`` backend, ``host_sink`` is called the same way at each ``end``, with the CPU clock's
-    duration (what the loop's thread spent in the region: a step's split is of that time).
-
     Statistics: count, total, min, mean, max and std are exact; median and p95 come from a
     log-linear histogram and are within about 3% of the exact values. Regions still open are
     not counted. Memory is bounded per key, whatever the number of regions. Not thread-safe:
     use one Timer per thread.
+
+    Args:
+        backend: ``"cpu"`` times with ``clock``; ``"cuda"`` times GPU work with CUDA events
+            (see NOTE [ CUDA event batching ]); ``"auto"`` uses ``cuda`` once this process has
+            initialised CUDA, ``cpu`` until then (NOTE [ Auto backend ]).
+        clock: the CPU clock, in integer nanoseconds (default ``time.perf_counter_ns``).
+        sink: called as ``sink(key, start_ns, duration_ns)`` for every region when its
+            duration is known; ``start_ns`` is ``clock()`` at ``start``. None: none.
+        resolve_every: on the ``cuda`` backend, how many regions may wait for the GPU before
+            a pass records those it has finished, without blocking (NOTE [ CUDA event
+            batching ]); 0 or more.
+        event_factory: makes the ``cuda`` backend's events; None:
+            ``torch.cuda.Event(enable_timing=True)``.
+        host_sink: on the ``cuda`` backend, called as ``sink`` is at each ``end``, with the CPU
+            clock's duration (what the loop's thread spent in the region: a step's split is of
+            that time); None: none.
+        on_cuda: called as ``on_cuda(timer)`` when an ``"auto"`` timer turns to CUDA events;
+            None: none.
+
+    Raises:
+        ValueError: ``backend`` is not ``"cpu"``, ``"cuda"`` or ``"auto"``, or
+            ``resolve_every`` is negative.
+        RuntimeError: ``"cuda"`` without ``event_factory`` where torch is not installed with
+            CUDA or sees no GPU.
     """
 
     __slots__ = (
@@ -236,7 +250,15 @@ class Timer:
         self._next_resolve = resolve_every
 
     def start(self, key: str) -> None:
-        """Open a region named ``key``; it closes at the matching ``end(key)`` (LIFO per key)."""
+        """Open a region named ``key``; it closes at the matching ``end(key)`` (LIFO per key).
+
+        Args:
+            key: the region's name: ``"Forward"``, any non-empty string.
+
+        Raises:
+            TypeError: ``key`` is not a str.
+            ValueError: ``key`` is empty.
+        """
         try:
             k = self._keys[key]
         except (KeyError, TypeError):
@@ -269,11 +291,26 @@ class Timer:
         return True
 
     def set_sinks(self, sink: Sink | None, host_sink: Sink | None = None) -> None:
-        """Where closed regions go from now on (``sink``; ``host_sink`` on the cuda backend)."""
+        """Where closed regions go from now on.
+
+        Args:
+            sink: called as ``sink(key, start_ns, duration_ns)`` for every region when its
+                duration is known; None: none.
+            host_sink: on the ``cuda`` backend, called the same way at each ``end`` with the
+                CPU clock's duration; None: none.
+        """
         self._sink, self._host_sink = sink, host_sink
 
     def end(self, key: str) -> None:
-        """Close the innermost open region named ``key``; ``ValueError`` if none is open."""
+        """Close the innermost open region named ``key``.
+
+        Args:
+            key: the name given to ``start``.
+
+        Raises:
+            ValueError: no region named ``key`` is open.
+            TypeError: ``key`` is not a str.
+        """
         if self._cuda:
             self._end_cuda(key)
             return
@@ -293,7 +330,19 @@ class Timer:
             sink(key, start_ns, duration)
 
     def region(self, key: str) -> _Region:
-        """``with timer.region(key):`` times the block, closing it even if the block raises."""
+        """``with timer.region(key):`` times the block, closing it even if the block raises.
+
+        Args:
+            key: the region's name: ``"Forward"``, any non-empty string.
+
+        Returns:
+            A reusable context manager (one per key) that calls ``start(key)`` and
+            ``end(key)``.
+
+        Raises:
+            TypeError: ``key`` is not a str.
+            ValueError: ``key`` is empty.
+        """
         try:
             return self._regions[key]
         except (KeyError, TypeError):

@@ -288,12 +288,20 @@ class stage:
 
     The stage's path is the enclosing stage's path plus ``/name``: inside a dataset's
     ``__getitem__`` ``stage("decode")`` becomes ``load/decode``; at the top level of the loop it is
-    ``decode``. A name may itself contain ``/``. Outside a profile this costs next to nothing.
+    ``decode``. Outside a profile this costs next to nothing.
 
     As a decorator, ``@pipeprof.stage("decode")``, every call of the function is the stage: a
     call with one positional argument goes from C straight into the timed region, 0.50 µs all
     in against a ``with`` block's 0.79 here (``benchmarks/region_cost.py``,
     docs/validation/overhead.md).
+
+    Args:
+        name: the stage's name, relative to the enclosing stage's path: non-empty and not
+            starting with ``/``; it may itself contain ``/``.
+
+    Raises:
+        ValueError: ``name`` is not a non-empty string, or starts with ``/``.
+        TypeError: ``@pipeprof.stage(name)`` decorates something that is not callable.
     """
 
     __slots__ = ("d0", "name", "path", "prev", "sink", "st", "start")

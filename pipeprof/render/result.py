@@ -34,18 +34,46 @@ class Result:
         return self.to_dict()[key]
 
     def render(self, fmt: str = "text", **options: Any) -> str:
-        """The result as ``text``, ``json`` or ``html`` (a Report also as a ``chrome`` trace)."""
+        """The result as ``text``, ``json`` or ``html`` (a Report also as a ``chrome`` trace).
+
+        Args:
+            fmt: the format's name.
+            **options: the format's own options (each subclass names them).
+
+        Returns:
+            The rendered result as a string.
+        """
         raise NotImplementedError
 
     def _renderables(self) -> Iterable[Any]:
         raise NotImplementedError
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write ``to_dict()`` as JSON, atomically; returns the path."""
+        """Write ``to_dict()`` as JSON, atomically.
+
+        Args:
+            path: the file to write (replaced, never left half written).
+
+        Returns:
+            The path written.
+
+        Raises:
+            OSError: the file cannot be written (the message names ``path``).
+        """
         return write_atomic(path, json.dumps(self._data_dict()))
 
     def write_html(self, path: str | os.PathLike[str]) -> Path:
-        """Write the self-contained HTML page (works offline); returns the path."""
+        """Write the self-contained HTML page (works offline).
+
+        Args:
+            path: the file to write (replaced atomically, never left half written).
+
+        Returns:
+            The path written.
+
+        Raises:
+            OSError: the file cannot be written (the message names ``path``).
+        """
         return write_atomic(path, self.render("html"))
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
