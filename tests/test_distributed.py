@@ -77,6 +77,7 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     assert merged.returncode == 0, merged.stderr
     job = load(tmp_path / "job.json")
     # the gathered job report is the merge of the files, figure for figure
+    assert job.pop("gather_s") is None  # merge gathered nothing
     assert {k: v for k, v in gathered.items() if k != "gather_s"} == job
     assert [s["rank"] for s in job["stragglers"]] == [1]
     assert job["stragglers"][0]["stage"] == "load"
@@ -91,9 +92,12 @@ def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     extra = rank[1]["wait_fraction"] - rank[0]["wait_fraction"]
     # 0.02 apart on a quiet machine; 0.033 on a loaded CI host (both clocks see its bursts)
     assert extra == pytest.approx(injected, abs=0.05)
-    # ... and rank 0 spent it waiting in the all-reduce: comm, not compute
-    assert rank[0]["comm_fraction"] == pytest.approx(extra, abs=0.06)
+    # ... and rank 0 spent it waiting in the all-reduce: comm, not compute. Its comm is that
+    # wait and the all-reduce's own cost, which rank 1 pays too (0.703 against 0.640 + 0.06
+    # seen once when rank 0's own comm alone was compared)
     assert rank[1]["comm_fraction"] < 0.1
+    own = rank[1]["comm_fraction"]
+    assert rank[0]["comm_fraction"] - own == pytest.approx(extra, abs=0.06), (rank, extra)
     assert 0 < job["efficiency"]["parallel"] < 0.5 and job["what_if"]["speedup"] > 1.5
     # one Perfetto trace of the job: each rank's processes, clocks aligned. A DDP all-reduce
     # ends on both ranks at once, so the ranks' Comm spans end together on the trace's clock

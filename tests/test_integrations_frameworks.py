@@ -216,7 +216,10 @@ def test_hf_callback_profiles_train(hf_api):
     assert 4 <= r["Step"]["mean_ms"] <= 20  # 4 ms injected before the optimizer step
     assert r["Evaluate"]["count"] == 2 and r["Log/Save"]["count"] == 8
     assert val["loop"]["steps"] == 2 * 2 and val["loop"]["epochs"] == 2  # 16 samples, twice
-    assert 0.25 <= loop["wait_fraction"] <= 0.8  # the wait per step is bounded above; 0.29 seen
+    # the wait's share: 0.29 seen, 0.249 on a loaded machine (the Trainer's own CPU per step
+    # grows with the load, the injected sleeps do not); the wait per step is bounded above
+    assert 0.15 <= loop["wait_fraction"] <= 0.8
+    assert loop["wait_fraction"] == pytest.approx(loop["wait_s"] / loop["wall_s"], rel=1e-3)
 
 
 @needs_hf

@@ -150,12 +150,14 @@ def test_profile_reads_worker_cpu_so_waiting_stages_scale_past_the_cores():
     """Stages that sleep: the workers' own CPU clocks show them waiting, so the report's what-if
     lets more workers than cores help; spinning stages are CPU-bound and capped by the cores."""
 
-    def profile(sleep: bool, workers: int):
-        ds = CostDataset(48, transform=transforms.Compose([Scale(4.0, sleep=sleep)]))
+    def profile(sleep: bool, workers: int, ms: float):
+        ds = CostDataset(48, transform=transforms.Compose([Scale(ms, sleep=sleep)]))
         return pipeprof.profile(DataLoader(ds, batch_size=4, num_workers=workers))
 
-    # one spinning worker: a second would share the 2 cores with it and with the test itself
-    waiting, busy = profile(sleep=True, workers=2), profile(sleep=False, workers=1)
+    # one spinning worker: a second would share the 2 cores with it and with the test itself.
+    # The sleeps are 8 ms: at 4 ms a worker's own CPU (pickling, its first batch's cold costs)
+    # came to 0.31 of its busy time on a loaded machine
+    waiting, busy = profile(sleep=True, workers=2, ms=8.0), profile(sleep=False, workers=1, ms=4.0)
     for report, low, high in (
         (waiting, 0.0, 0.3),
         (busy, 0.6, 1.5),
