@@ -28,7 +28,14 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 
 import pipeprof
-from pipeprof.collect.torch.loader import TIMED_FIRST, ProfiledLoader
+from pipeprof.collect.torch.loader import (
+    AB_PAIRS_EVERY,
+    AB_PAIRS_FIRST,
+    SHORT_RUN_MOST,
+    TIMED_FIRST,
+    BatchPlan,
+    ProfiledLoader,
+)
 from pipeprof.core.session import Session
 
 CONTEXTS = ["fork", "spawn"]
@@ -697,3 +704,43 @@ def test_the_report_says_what_samples_hold_and_whose_collate_ran(workers):
     assert mine["meta"]["collate_fn"] == "pad_ids"
     arrays = pipeprof.profile(DataLoader(CostDataset(16), batch_size=4, num_workers=workers))
     assert arrays["meta"]["sample_kinds"] == ["number", "tensor"]
+
+
+@pytest.mark.parametrize("every", [2, 8, 32])
+def test_the_batch_plan_times_compares_and_shortens_as_its_note_says(every):
+    """NOTE [ Unprofiled batches ] and [ The short path ], in the training process: the profile's
+    first TIMED_FIRST batches and each pass's first are timed; after them, in the first
+    AB_PAIRS_FIRST cycles of ``every`` batches and one cycle in AB_PAIRS_EVERY, one batch is
+    timed and the one before it compared with it, all else on the short path; and the run of
+    short batches the fast path is told of ends exactly where the next one not short is."""
+    plan = BatchPlan(every, sampled=True, lean=True)
+    n = TIMED_FIRST + every * 40
+    chosen = [plan.choose(seen, k=seen + 1, alone=True) for seen in range(n)]
+    assert all(c == (False, False, False) for c in chosen[:TIMED_FIRST])
+    assert plan.choose(TIMED_FIRST + 5, k=0, alone=True)[0] is False  # a pass's first: cold
+    ons = [seen for seen in range(TIMED_FIRST, n + 1) if seen % every == every // 2]
+    kept = set()  # the batches timed or compared after the first
+    for j, on in enumerate(ons):  # the j-th cycle's batch to time
+        if j < AB_PAIRS_FIRST or j % AB_PAIRS_EVERY == 0:
+            if on < n:
+                assert chosen[on] == (False, False, True)
+                kept.add(on)
+            if on - 1 >= TIMED_FIRST:
+                assert chosen[on - 1] == (False, True, True)
+                kept.add(on - 1)
+    assert len(kept) >= 2 * (AB_PAIRS_FIRST + 1)
+    assert all(chosen[seen] == (True, True, False) for seen in set(range(TIMED_FIRST, n)) - kept)
+    for seen in range(TIMED_FIRST, n - SHORT_RUN_MOST):
+        run = plan.short_run(seen, alone=True)
+        assert all(chosen[seen + i][0] for i in range(run))
+        assert run == SHORT_RUN_MOST or not chosen[seen + run][0]
+    # a second profile recording in this process, or a pass too short to sample: all timed
+    assert not any(plan.choose(s, 5, alone=False)[0] for s in range(n))
+    assert plan.short_run(TIMED_FIRST + 1, alone=False) == 0
+    unsampled = BatchPlan(every, sampled=False, lean=True)
+    assert all(unsampled.choose(s, 5, alone=True) == (False, False, False) for s in range(n))
+    # NVTX ranges or a copy to time: no short path, the same batches unprofiled
+    heavy = BatchPlan(every, sampled=True, lean=False)
+    for seen in range(n):
+        _short, off, measure = chosen[seen]
+        assert heavy.choose(seen, seen + 1, alone=True) == (False, off, measure)

@@ -840,8 +840,7 @@ class ProfiledLoader:
             span = WAIT_SPAN.format(type(it).__name__)
             fetch = it.__next__
             nv = self.ranges
-            ab = self._ab_eligible()
-            lean = nv is None and self.h2d is None  # the short path: no NVTX, no copy to make
+            plan = BatchPlan(self.stage_every, self._ab_eligible(), nv is None and self.h2d is None)
             swaps = bool(getattr(self.loader.collate_fn, "swaps", ()))
             short = ShortPass(fetch, swaps, span)
             fast = False  # batches fetched past this generator (NOTE [ The fast path ])
@@ -849,70 +848,40 @@ class ProfiledLoader:
                 # NOTE [ The user's own iterator ]: the user calls its __next__, which asks this
                 # pass for the batch; the pass reads torch's own, by a weak reference
                 short.fetch = fetch = functools.partial(_raw_next, weakref.ref(it))
-                fast = ab and lean
+                fast = plan.sampled and plan.lean
                 self._opened = (it, short if fast else None)
-            elif hand and ab and lean:  # Profiler.wrap's pass reads torch's iterator itself
+            elif hand and plan.sampled and plan.lean:  # Profiler.wrap's pass reads torch's own
                 fast = True
                 self._opened = (None, short)
             del it
             yield None  # begun: ``open`` returns
             first = True
-            every = self.stage_every
-            # NOTE [ Unprofiled batches ]: of the later batches, the one just before each timed
-            # one is compared with it; the others take the short path below
-            on_at, compared_at = every // 2, (every // 2 - 1) % every
             k = -1  # this pass's batch
             while True:
                 k += 1
                 if short.ended:  # the last asked for past this generator: none came
                     return
                 short.left = 0  # asked here: the batches said to be next are this one's
-                s = self.session
-                # a second profile in this process would lose its records; the rule runs on from
-                # pass to pass (``seen``: this batch's index over them), so that each pass of a
-                # short loader's epochs takes its turn
-                sampled = ab and rec.active == 1
-                later = sampled and self.seen >= TIMED_FIRST  # the profile's first all timed
-                pos, paired = _place(self.seen, every)
-                off = later and (pos != on_at or not paired)
-                if off and lean and k >= 1 and not (paired and pos == compared_at):
-                    # NOTE [ The short path ]: an unprofiled batch outside the comparison
+                alone = rec.active == 1
+                on_short, off, measure = plan.choose(self.seen, k, alone)
+                if on_short:
                     try:
                         carrier = self._short(fetch, swaps, short)
                     except StopIteration:
                         return
                     if fast:
-                        short.left = self._short_run(sampled)
+                        short.left = plan.short_run(self.seen, alone)
                     yield carrier
                     continue
-                # the first batch is cold: compared with none
-                measure = later and k >= 1 and paired and (not off or pos == compared_at)
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
                 t_pre = clock()  # what comes before the fetch is pipeprof's too (a CPU clock read)
                 before = rec.enter(mine)
                 try:
-                    if nv is not None:
-                        nv.open("wait")
-                    if off:
-                        rec.enabled = False
-                        self._swap(plain=True)
-                        _COLLATED[0] = None
-                    c0 = time.process_time_ns() if measure else 0
-                    t0 = clock()
                     try:
-                        carrier = fetch()
-                        t1 = clock()
-                        self.seen += 1
+                        carrier, t0, t1, cpu = self._fetch(fetch, off, measure)
                     except StopIteration:
                         return
-                    finally:
-                        cpu = time.process_time_ns() - c0 if measure else 0
-                        if off:
-                            self._swap(plain=False)
-                            rec.enabled = True
-                        if nv is not None:
-                            nv.pop()
                     n = _COLLATED[0] if off else None
                     batch = self._unpack(carrier, t0, t1, t_iter if first else None, span, n)
                     self.wait_ns += t1 - t0  # NOTE [ The live view ] in collect/live.py
@@ -920,22 +889,14 @@ class ProfiledLoader:
                     if first:  # in this batch's bookkeeping, not in its wait
                         self._count_start(started_ns, persistent)
                     first = False
+                    s = self.session
                     if measure or off:
                         arm = ("ab_off" if off else "ab_on") if measure else "ab_cold"
                         s.defer(self._ab_add, arm, cpu, self._samples)
-                    copy_ns = 0
-                    if self.h2d is not None:
-                        if nv is not None:
-                            nv.open("transfer")
-                        t2 = clock()
-                        batch = self.h2d.move(batch, self.non_blocking, rec)
-                        copy_ns = clock() - t2
-                        if nv is not None:
-                            nv.pop()
-                        self.transfer_ns += copy_ns
+                    batch, copy_ns = self._transfer(batch, rec)
                     self._merge_main(rec)
                     if fast:
-                        short.left = self._short_run(sampled)
+                        short.left = plan.short_run(self.seen, alone)
                     own = clock() - t1 - copy_ns + t0 - t_pre  # pipeprof's, for this batch
                     self.own_ns += own
                     s.defer(s.add_cost, "main_ns", own)
@@ -964,21 +925,47 @@ class ProfiledLoader:
                 if h5:
                     hdf5.uninstall()
 
-    def _short_run(self, sampled: bool) -> int:
-        """How many of the batches from ``seen`` on take the short path, one after the other
-        (NOTE [ The fast path ] in attach/run.py): the rule of ``_pass`` for batches past a pass's
-        first, up to the next one it profiles or compares."""
-        if not sampled:
-            return 0
-        every = self.stage_every
-        on_at, compared_at = every // 2, (every // 2 - 1) % every
-        seen = self.seen
-        while seen - self.seen < SHORT_RUN_MOST and seen >= TIMED_FIRST:
-            pos, paired = _place(seen, every)
-            if paired and pos in (on_at, compared_at):
-                break
-            seen += 1
-        return seen - self.seen
+    def _fetch(self, fetch: Any, off: bool, measure: bool) -> tuple[Any, int, int, int]:
+        """A timed batch fetched: ``(carrier, t0, t1, cpu)``, its fetch's start and end and,
+        where ``measure``, the process's CPU in it (NOTE [ Unprofiled batches ]); with ``off``
+        the recorder off and the user's own transforms back. StopIteration: the pass is over."""
+        nv = self.ranges
+        if nv is not None:
+            nv.open("wait")
+        if off:
+            recorder().enabled = False
+            self._swap(plain=True)
+            _COLLATED[0] = None
+        c0 = time.process_time_ns() if measure else 0
+        t0 = clock()
+        try:
+            carrier = fetch()
+            t1 = clock()
+        finally:
+            cpu = time.process_time_ns() - c0 if measure else 0
+            if off:
+                self._swap(plain=False)
+                recorder().enabled = True
+            if nv is not None:
+                nv.pop()
+        self.seen += 1
+        return carrier, t0, t1, cpu
+
+    def _transfer(self, batch: Any, rec: Any) -> tuple[Any, int]:
+        """The batch copied to the device where the user asked (``device=``), and the copy's
+        ns (0: no copy)."""
+        if self.h2d is None:
+            return batch, 0
+        nv = self.ranges
+        if nv is not None:
+            nv.open("transfer")
+        t2 = clock()
+        batch = self.h2d.move(batch, self.non_blocking, rec)
+        copy_ns = clock() - t2
+        if nv is not None:
+            nv.pop()
+        self.transfer_ns += copy_ns
+        return batch, copy_ns
 
     def _count_start(self, ns: int, persistent: Any) -> None:
         """``iter()`` forks the workers one after the other before the first batch: its time
@@ -1346,6 +1333,46 @@ def _answerable(it: Any) -> bool:
     return cls.__next__ is _BaseDataLoaderIter.__next__ and callable(
         getattr(cls, "_next_data", None)
     )
+
+
+class BatchPlan:
+    """Which of a pass's batches in the training process are timed, compared or fetched on the
+    short path (NOTE [ Unprofiled batches ], NOTE [ The short path ]): a function of the
+    batch's index over the profile (``seen``), its index in the pass (``k``: a pass's first is
+    cold, compared with none) and whether this profile is the only one recording (``alone``: a
+    second profile in this process would lose its records). The rule runs on from pass to pass,
+    so that each pass of a short loader's epochs takes its turn."""
+
+    def __init__(self, every: int, sampled: bool, lean: bool) -> None:
+        self.every = every
+        self.sampled = sampled  # the pass times its stages in a sample of its batches
+        self.lean = lean  # the short path is open to it: no NVTX ranges, no copy to time
+        # of the later batches, the one just before each timed one is compared with it
+        self.on_at, self.compared_at = every // 2, (every // 2 - 1) % every
+
+    def choose(self, seen: int, k: int, alone: bool) -> tuple[bool, bool, bool]:
+        """``(short, off, measure)`` for the batch: fetched on the short path; fetched with the
+        recorder off (unprofiled); its process CPU measured for the comparison."""
+        later = self.sampled and alone and seen >= TIMED_FIRST  # the profile's first all timed
+        pos, paired = _place(seen, self.every)
+        off = later and (pos != self.on_at or not paired)
+        if off and self.lean and k >= 1 and not (paired and pos == self.compared_at):
+            return True, True, False
+        return False, off, later and k >= 1 and paired and (not off or pos == self.compared_at)
+
+    def short_run(self, seen: int, alone: bool) -> int:
+        """How many batches from ``seen`` on take the short path, one after the other (NOTE
+        [ The fast path ] in attach/run.py): up to the next one timed or compared, past a
+        pass's first."""
+        if not (self.sampled and alone):
+            return 0
+        at = seen
+        while at - seen < SHORT_RUN_MOST and at >= TIMED_FIRST:
+            pos, paired = _place(at, self.every)
+            if paired and pos in (self.on_at, self.compared_at):
+                break
+            at += 1
+        return at - seen
 
 
 def _place(seen: int, every: int) -> tuple[int, bool]:
