@@ -41,21 +41,8 @@ class Report(Result):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
-        """Load a report saved with ``Report.save`` (or a raw session file).
-
-        Args:
-            path: the file ``Report.save`` wrote (or a session saved on its own, such as a
-                ``stream=`` file).
-
-        Returns:
-            The Report, analysed again from the saved session.
-
-        Raises:
-            FileNotFoundError: there is no file at ``path``.
-            ValueError: the file holds no pipeprof session (a report written as plain JSON has
-                none), or its session is damaged or cannot be analysed; the message names the
-                file.
-        """
+        """Load a report saved with ``Report.save``: ``pipeprof.load`` (its arguments, what it
+        returns and raises are said there)."""
         session = read_file(path)  # ValueError naming the file when it is no valid session
         try:
             return cls(session)

@@ -926,9 +926,10 @@ class ProfiledLoader:
                     hdf5.uninstall()
 
     def _fetch(self, fetch: Any, off: bool, measure: bool) -> tuple[Any, int, int, int]:
-        """A timed batch fetched: ``(carrier, t0, t1, cpu)``, its fetch's start and end and,
-        where ``measure``, the process's CPU in it (NOTE [ Unprofiled batches ]); with ``off``
-        the recorder off and the user's own transforms back. StopIteration: the pass is over."""
+        """A batch fetched off the short path: ``(carrier, t0, t1, cpu)``, its fetch's start
+        and end and, where ``measure``, the process's CPU in it (NOTE [ Unprofiled batches ]);
+        with ``off`` the recorder off and the user's own transforms back. StopIteration: the
+        pass is over."""
         nv = self.ranges
         if nv is not None:
             nv.open("wait")
