@@ -108,6 +108,35 @@ def profiled(dataset: Dataset, workers: int, pause: float = 0.0) -> dict:
     return prof.report().to_dict()
 
 
+class SlowToStart(Slow):
+    """Unpickled in a spawned worker, it takes 3 s: the worker has not started when the loop
+    has waited the threshold for its first batch."""
+
+    def __setstate__(self, state: dict) -> None:
+        time.sleep(3)
+        self.__dict__.update(state)
+
+
+def test_a_worker_still_starting_is_named_as_starting(capfd):
+    """A threshold (1.5 s) shorter than a spawned worker's start-up (its imports and the
+    dataset's 3 s unpickling, before pipeprof's worker init registers its stack file): the hang
+    at batch 0 names the worker as starting, not an unknown stage, and the fix says what makes
+    a start slow."""
+    loader = DataLoader(SlowToStart(), batch_size=4, num_workers=1,
+                        multiprocessing_context="spawn")  # fmt: skip
+    prof = pipeprof.Profiler(sample_hz=0, hang_s=1.5)
+    for _batch in prof.wrap(loader):
+        pass
+    report = prof.report().to_dict()
+    hang = report["meta"]["hang"]
+    assert hang["batch"] == 0 and hang["workers"][0]["waited_for"]
+    assert hang["workers"][0]["stage"] == "starting" and hang["workers"][0]["stack"] == []
+    assert "has it, still starting (importing, or unpickling the dataset)" in capfd.readouterr().err
+    found = next(f for f in report["findings"] if f["id"] == "loop-hang")
+    assert "had it, still starting" in found["message"]
+    assert "persistent_workers=True" in found["fix"]
+
+
 def test_a_loop_without_workers_gets_its_own_stack():
     report = profiled(Slow(stuck=13), 0)
     main = report["meta"]["hang"]["main"]

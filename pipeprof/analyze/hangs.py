@@ -16,7 +16,13 @@ _FIXES = {
     "released in the child deadlocks it; open connections in the worker, or use "
     "multiprocessing_context='spawn' or 'forkserver'",
     "transform": "a transform that does not return: see its stack",
+    "starting": "the worker had not finished starting: its imports, or the dataset unpickled "
+    "in it (spawn, forkserver), took that long; import less where the script starts, keep "
+    "large data out of the dataset object (open files in the worker), and persistent_workers="
+    "True to start the workers once",
 }
+# a worker that had not reached pipeprof's worker init (NOTE [ Hangs ] in collect/torch/hangs.py)
+_STARTING = "still starting (importing, or unpickling the dataset)"
 
 
 def rule_hang(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
@@ -33,11 +39,11 @@ def rule_hang(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
             f"{hang['batch']}{times}" + ("" if resumed else ", and was still waiting"))  # fmt: skip
     where = worker or hang.get("main") or {}
     stage = where.get("stage")
-    named = stage or "an unknown stage"
+    named = _STARTING if stage == "starting" else f"in {stage or 'an unknown stage'}"
     if worker is not None:
-        said += f": worker {worker['id']} (pid {worker['pid']}) had it, in {named}"
+        said += f": worker {worker['id']} (pid {worker['pid']}) had it, {named}"
     elif hang.get("main"):
-        said += f": the training process read it itself, in {named}"
+        said += f": the training process read it itself, {named}"
     if where.get("at"):
         said += f" at {where['at']}"
     if where.get("wchan"):

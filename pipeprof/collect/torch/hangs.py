@@ -27,7 +27,10 @@ waiting for data. Then, once per stall:
 3. The stage each stack is in, from pipeprof's own frames on it (``_stage_spans``: its dataset
    wrappers are ``load``, its collate wrapper ``collate``, its worker init ``worker_init_fn``;
    ``idle`` where torch's worker loop waits for a task), and the innermost frame of the user's
-   code. A forked worker's frames from torch's worker loop out are the parent's: cut.
+   code. A forked worker's frames from torch's worker loop out are the parent's: cut. A worker
+   with no stack file has not reached pipeprof's worker init: ``starting`` (importing, or
+   unpickling the dataset under spawn; a threshold shorter than the workers' start-up is met
+   at the pass's first batch).
 
 The record goes to ``meta["hang"]`` (the first stall of the profile; ``resumed_s``, about how
 long the loop waited in all, once the batch came after all), a line to stderr, and the owner's
@@ -188,13 +191,16 @@ class Watchdog:
         pids = [w.pid for w in getattr(it, "_workers", [])]
         stacks = _dump(self.folder, pids) if pids else {}
         for wid, pid in enumerate(pids):
+            where = _where(stacks.get(pid))
+            if pid not in stacks and not _started(self.folder, pid):
+                where["stage"] = "starting"
             workers.append(
                 {
                     "id": wid,
                     "pid": pid,
                     "waited_for": wid == waits_on,
                     **_proc_state(pid),
-                    **_where(stacks.get(pid)),
+                    **where,
                 }
             )
         record: dict[str, Any] = {
@@ -239,6 +245,15 @@ def _waited_worker(it: Any) -> int | None:
     idx = getattr(it, "_rcvd_idx", None)
     got = info.get(idx) if isinstance(info, dict) else None
     return int(got[0]) if got else None
+
+
+def _started(folder: str | None, pid: int) -> bool:
+    """Whether worker ``pid`` reached pipeprof's worker init, which registers its stack file
+    (``ready_stacks``); True where that cannot be told. A worker that has not is still
+    starting: importing, or unpickling the dataset (spawn, forkserver)."""
+    if folder is None or STACK_SIGNAL is None:
+        return True
+    return os.path.exists(stack_file(folder, pid))
 
 
 def _dump(folder: str | None, pids: list[int]) -> dict[int, list[str]]:
@@ -376,6 +391,13 @@ def _stage(f: tuple[str, int, str]) -> str | None:
     return next((s for path, a, b, s in _stage_spans() if path == f[0] and a <= f[1] <= b), None)
 
 
+def stage_words(stage: str | None) -> str:
+    """Where a hung worker is, as the line and the finding say it."""
+    if stage == "starting":
+        return "still starting (importing, or unpickling the dataset)"
+    return f"in {stage or 'an unknown stage'}"
+
+
 def _line(record: dict[str, Any]) -> str:
     """The stderr line for a hang (NOTE [ Hangs ])."""
     head = (f"pipeprof: the loop has waited {record['waited_s']:.0f} s for batch "
@@ -383,8 +405,8 @@ def _line(record: dict[str, Any]) -> str:
             f"{record['longest_before_s']:.2g} s)")  # fmt: skip
     worker = next((w for w in record["workers"] if w["waited_for"]), None)
     if worker is not None:
-        head += (f"; worker {worker['id']} (pid {worker['pid']}) has it, in "
-                 f"{worker['stage'] or 'an unknown stage'}"
+        head += (f"; worker {worker['id']} (pid {worker['pid']}) has it, "
+                 f"{stage_words(worker['stage'])}"
                  + (f" at {worker['at']}" if worker["at"] else ""))  # fmt: skip
     elif record.get("main"):
         at = record["main"]["at"]
