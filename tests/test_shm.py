@@ -19,20 +19,31 @@ import pipeprof
 
 SCRIPT = """
 import sys
+import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 
 class Big(Dataset):
+    # batch 0 comes first, its worker not raced by the others for the shared memory: the other
+    # workers' first batches wait 0.3 s, then each makes all of its own at once (under load,
+    # batch 0's worker once lost that race, and a loader whose first batch never comes cannot
+    # say what a batch needs)
+    def __init__(self, batch, workers):
+        self.batch, self.workers = batch, workers
+
     def __len__(self):
         return 48
 
     def __getitem__(self, i):
+        if i % self.batch == 0 and 1 <= i // self.batch < self.workers:
+            time.sleep(0.3)
         return torch.full((524_288,), float(i))  # 2 MB
 
 
 batch, workers, prefetch = (int(a) for a in sys.argv[1:4])
-loader = DataLoader(Big(), batch_size=batch, num_workers=workers, prefetch_factor=prefetch)
+loader = DataLoader(Big(batch, workers), batch_size=batch, num_workers=workers,
+                    prefetch_factor=prefetch)
 total = 0.0
 for b in loader:
     total += float(b[:, 0].sum())
