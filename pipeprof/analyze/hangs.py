@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeprof.analyze.finding import Finding, finding
+from pipeprof.core.units import stage_words
 
 _FIXES = {
     "load": "a read that does not answer (a network file system, an object store, a URL): give "
@@ -21,8 +22,6 @@ _FIXES = {
     "large data out of the dataset object (open files in the worker), and persistent_workers="
     "True to start the workers once",
 }
-# a worker that had not reached pipeprof's worker init (NOTE [ Hangs ] in collect/torch/hangs.py)
-_STARTING = "still starting (importing, or unpickling the dataset)"
 
 
 def rule_hang(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
@@ -39,7 +38,7 @@ def rule_hang(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
             f"{hang['batch']}{times}" + ("" if resumed else ", and was still waiting"))  # fmt: skip
     where = worker or hang.get("main") or {}
     stage = where.get("stage")
-    named = _STARTING if stage == "starting" else f"in {stage or 'an unknown stage'}"
+    named = stage_words(stage)
     if worker is not None:
         said += f": worker {worker['id']} (pid {worker['pid']}) had it, {named}"
     elif hang.get("main"):

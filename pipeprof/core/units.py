@@ -1,4 +1,5 @@
-"""Numbers as people read them: about three significant digits, percentages, n/a for None.
+"""Numbers as people read them: about three significant digits, percentages, n/a for None;
+and where a hung worker was, as the stderr line and the finding both say it.
 
 Shared by the renderers and by analysis, whose findings and comparisons are sentences.
 """
@@ -34,3 +35,11 @@ def num(value: Any, unit: str = "") -> str:
 def pct(fraction: Any, digits: int = 0) -> str:
     """A 0-1 fraction as a percentage, ``n/a`` for None."""
     return "n/a" if fraction is None else f"{float(fraction) * 100:.{digits}f}%"
+
+
+def stage_words(stage: str | None) -> str:
+    """Where a hung worker was (NOTE [ Hangs ] in collect/torch/hangs.py): ``starting`` (it had
+    not reached pipeprof's worker init), a stage, or not known."""
+    if stage == "starting":
+        return "still starting (importing, or unpickling the dataset)"
+    return f"in {stage or 'an unknown stage'}"

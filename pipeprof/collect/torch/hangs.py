@@ -49,6 +49,8 @@ import time
 import weakref
 from typing import Any
 
+from pipeprof.core.units import stage_words
+
 HANG_FACTOR = 10.0  # ... and this many times the longest gap seen before it
 POLL_S = 0.5  # how often the watchdog looks
 RESUME_POLL_S = 0.05  # ... and once it has recorded a hang, to see when the batch comes
@@ -389,13 +391,6 @@ def _stage(f: tuple[str, int, str]) -> str | None:
     if not _ours(f):
         return None
     return next((s for path, a, b, s in _stage_spans() if path == f[0] and a <= f[1] <= b), None)
-
-
-def stage_words(stage: str | None) -> str:
-    """Where a hung worker is, as the line and the finding say it."""
-    if stage == "starting":
-        return "still starting (importing, or unpickling the dataset)"
-    return f"in {stage or 'an unknown stage'}"
 
 
 def _line(record: dict[str, Any]) -> str:

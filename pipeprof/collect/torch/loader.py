@@ -879,7 +879,7 @@ class ProfiledLoader:
                 before = rec.enter(mine)
                 try:
                     try:
-                        carrier, t0, t1, cpu = self._fetch(fetch, off, measure)
+                        carrier, t0, t1, cpu = self._fetch(fetch, off, measure, rec)
                     except StopIteration:
                         return
                     n = _COLLATED[0] if off else None
@@ -925,7 +925,9 @@ class ProfiledLoader:
                 if h5:
                     hdf5.uninstall()
 
-    def _fetch(self, fetch: Any, off: bool, measure: bool) -> tuple[Any, int, int, int]:
+    def _fetch(
+        self, fetch: Any, off: bool, measure: bool, rec: Any
+    ) -> tuple[Any, int, int, int]:
         """A batch fetched off the short path: ``(carrier, t0, t1, cpu)``, its fetch's start
         and end and, where ``measure``, the process's CPU in it (NOTE [ Unprofiled batches ]);
         with ``off`` the recorder off and the user's own transforms back. StopIteration: the
@@ -934,7 +936,7 @@ class ProfiledLoader:
         if nv is not None:
             nv.open("wait")
         if off:
-            recorder().enabled = False
+            rec.enabled = False
             self._swap(plain=True)
             _COLLATED[0] = None
         c0 = time.process_time_ns() if measure else 0
@@ -946,7 +948,7 @@ class ProfiledLoader:
             cpu = time.process_time_ns() - c0 if measure else 0
             if off:
                 self._swap(plain=False)
-                recorder().enabled = True
+                rec.enabled = True
             if nv is not None:
                 nv.pop()
         self.seen += 1
