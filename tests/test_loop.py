@@ -787,8 +787,9 @@ def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch)
     what was injected, back to back; its own time stated with the loader's."""
     fast, session, fetched = _hand_fast_loop(monkeypatch, fast=True)
     slow, _, none = _hand_fast_loop(monkeypatch, fast=False)
-    # all but the first 80, 1 in 32 or so after, and a step every 20 ms (it reads the CPU time)
-    assert none == 0 and fetched >= 200
+    # all but the first 80, 1 in 32 or so after, and a step every 20 ms (it reads the CPU time):
+    # 205 or so on a quiet machine, 183 beside a busy core
+    assert none == 0 and fetched >= 150
     # each of the Profiler's passes' batches is a step: 300, and 2 in each of 6 nested passes
     for key in ("steps", "epochs"):
         assert fast["loop"][key] == slow["loop"][key] == (312 if key == "steps" else 7)
@@ -815,9 +816,13 @@ def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch)
     assert 0 < fast_ns < fetched * 50_000
     assert fast["overhead"]["main_s"] == pytest.approx((fast_ns + main_ns) / 1e9, abs=2e-6)
     # no step's time counted twice: a nested pass's steps end where the fast steps before them
-    # were written, not at the long pass's last step made its way
-    # (a stale hand-over put 6 nested passes' last steps at +37 % of the compute)
-    assert fast["loop"]["compute_s"] == pytest.approx(slow["loop"]["compute_s"], rel=0.15)
+    # were written, not at the long pass's last step made its way. The steps' parts add up to
+    # the span they cover, in the run's own clock (so whatever the machine's load): -2.8 to
+    # +1.6 ms in 5 runs of each path; a stale hand-over counted 17.8 to 40.8 ms twice
+    t0, last = ring[0][0], ring[-1]
+    span = last[0] + last[1] + last[2] + last[3] - t0
+    assert sum(w + x + c for _, w, x, c, _ in ring) - span <= 8e6
+    assert fast["loop"]["compute_s"] == pytest.approx(sum(s[3] for s in ring) / 1e9, rel=0.01)
     for r in (fast, slow):
         loop = r["loop"]
         assert loop["wait_s"] + loop["compute_s"] + loop["overhead_s"] <= loop["wall_s"] * 1.001
