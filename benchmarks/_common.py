@@ -40,6 +40,19 @@ def machine() -> dict[str, Any]:
     }
 
 
+def compiled() -> None:
+    """Compile pipeprof's modules, as installing it does. Run from a source tree where
+    PYTHONDONTWRITEBYTECODE is set (as on this project's machines), a module changed since its
+    last .pyc is compiled at every import: 31 ms for ``collect/torch/loader.py``, which
+    ``pipeprof run`` imports when the script imports torch, and as much for each module
+    imported inside a loop that is timed."""
+    import compileall
+
+    import pipeprof
+
+    compileall.compile_dir(os.path.dirname(pipeprof.__file__), quiet=1)
+
+
 def jpeg160_images(root: str, count: int = 1024) -> None:
     """The issue's JPEGs (``count`` of 160 x 160 px, ImageFolder layout) in ``root``, made once:
     a folder that has files already is used as it is."""

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import machine
+from _common import compiled, machine
 
 HERE = Path(__file__).resolve().parent / "heldout"
 SCRIPTS = {
@@ -55,6 +55,7 @@ def main() -> None:
     p.add_argument("--only", default=None, help="one script")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    compiled()
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for script in [args.only] if args.only else list(SCRIPTS):

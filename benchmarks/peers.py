@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine
+from _common import compiled, machine
 
 HERE = Path(__file__).resolve().parent
 TOOLS = ("plain", "run", "hand", "traceml", "torchprof", "collected", "frozen")
@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--tools", default=",".join(TOOLS), help="plain and which of the others")
     args = p.parse_args()
+    compiled()
     asked = ["plain", *(t for t in args.tools.split(",") if t in TOOLS and t != "plain")]
     tools = [t for t in asked if t != "traceml" or importlib.util.find_spec("traceml_ai")]
     if "traceml" in asked and "traceml" not in tools:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import machine
+from _common import compiled, machine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -91,6 +91,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    compiled()
     torch.set_num_threads(1)  # steadier step times on a small shared machine
     run = [PY, "-m", "pipeprof", "run", "-q", "-o"]
     results: dict[str, list[float]] = {}

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import compiled
+
 LOOP = '''
 import time
 import torch
@@ -66,6 +68,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=8)
     args = p.parse_args()
+    compiled()
     got: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "short.py"

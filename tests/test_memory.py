@@ -45,6 +45,7 @@ class Captions(Dataset):  # type: ignore[type-arg]
 def test_workers_that_copy_a_list_of_strings_are_named(monkeypatch, as_array):
     monkeypatch.setattr(host, "MEMORY_SHARE", 1.0)
     monkeypatch.setattr(host, "MEMORY_EVERY_NS", 100_000_000)
+    monkeypatch.setattr(host, "MEMORY_FIRST_NS", 0)
     data = Captions(as_array)
     loader = DataLoader(data, batch_size=32, num_workers=2, multiprocessing_context="fork")
     plain = [b.clone() for b in loader]
@@ -94,6 +95,7 @@ def test_memory_that_keeps_growing_after_the_first_epoch_is_named(monkeypatch, c
     1,000 batches and the time left; a cache that is full after the first epoch is not."""
     monkeypatch.setattr(host, "MEMORY_SHARE", 1.0)
     monkeypatch.setattr(host, "MEMORY_EVERY_NS", 100_000_000)
+    monkeypatch.setattr(host, "MEMORY_FIRST_NS", 0)
     loader = DataLoader(Kept(cached), batch_size=8, num_workers=2, persistent_workers=True)
     prof = pipeprof.Profiler(sample_hz=20)
     with prof:

@@ -564,6 +564,41 @@ def test_host_children_look_ups_keep_to_their_cpu_budget(monkeypatch: pytest.Mon
     s.close()
 
 
+def test_memory_is_first_read_once_the_start_up_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ Private memory ]: no process's memory is read in the sampler's first
+    MEMORY_FIRST_NS (a run's start-up, when its cores are busiest: reading a 300 MB process
+    walks its page tables for 7 ms), then as before; and ``pipeprof run`` makes the host source
+    before the script runs (``host.prepare``), not where its first loop starts."""
+    from pipeprof.attach.run import Run
+
+    monkeypatch.setattr(host_module, "MEMORY_SHARE", 1.0)
+    monkeypatch.setattr(host_module, "MEMORY_EVERY_NS", 0)
+    monkeypatch.setattr(host_module, "MEMORY_FIRST_NS", 300 * MS)
+    s = HostSampler(hz=10)
+    assert s.prime()
+    main = s._procs[os.getpid()]
+    for _ in range(3):
+        s.sample()
+        time.sleep(0.02)
+    assert main.memory == []
+    time.sleep(0.3)
+    s.sample()
+    assert len(main.memory) == 1 and main.memory[0][1] > 0
+    s.close()
+    host_module._POOL.clear()
+    run = Run(sample_hz=10)
+    run.install()
+    try:
+        assert [src.pid for src in host_module._POOL] == [os.getpid()]
+    finally:
+        run.uninstall()
+    host_module._POOL.clear()
+    run = Run(sample_hz=0)  # no sampling: no source either
+    run.install()
+    run.uninstall()
+    assert host_module._POOL == []
+
+
 @needs_procfs
 def test_procfs_readings_agree_with_psutil() -> None:
     """The /proc parsers read what psutil reads: core times, disk reads, a process's CPU and RSS,
@@ -632,6 +667,7 @@ def test_private_memory_of_each_worker_is_read_over_time(monkeypatch, kb):
     here so that a 2.4 s run gets several readings a process (a slow machine reads fewer)."""
     monkeypatch.setattr(host_module, "MEMORY_SHARE", 1.0)
     monkeypatch.setattr(host_module, "MEMORY_EVERY_NS", 100 * MS)
+    monkeypatch.setattr(host_module, "MEMORY_FIRST_NS", 0)
     loader = DataLoader(_Keeping(kb), batch_size=8, num_workers=2, collate_fn=list)
     prof = pipeprof.Profiler(sample_hz=20)
     with prof:

@@ -145,6 +145,13 @@ class RunSamplers:
         self.running: list[Any] = []
         self.nvml_started = False
 
+    def prepare(self) -> None:
+        """Make the host sampler's source before the script runs (``host.prepare``)."""
+        if self.hz:
+            from pipeprof.collect.samplers.host import prepare
+
+            prepare()
+
     def start_host(self) -> None:
         """The host sampler, started once."""
         if self.hz and not self.running:
@@ -247,6 +254,7 @@ class Run:
                 sys.meta_path.insert(0, hook)
                 self.patches.add(functools.partial(_remove_hook, hook))
         self._wrap_profiler_start()
+        self.samplers.prepare()
 
     def uninstall(self) -> None:
         self.patches.undo()

@@ -62,7 +62,12 @@ every 50 s: a run's trend, not its every step (with 2 DataLoader workers,
 ``benchmarks/sampler_cost.py --loader --seconds 10``, medians of 3 windows, 2 runs each way:
 the sampler took 0.27-0.41 % of a core with memory read, 0.26-0.29 % without; at 0.2 % of a
 core, 0.42-0.52 %). Each process keeps its last MEMORY_KEPT readings, the older half thinned to
-every other one when full, so a long run keeps its whole span.
+every other one when full, so a long run keeps its whole span. None is read in the sampler's
+first MEMORY_FIRST_NS (1 s): the start-up, when the workers start and fill their prefetch and
+the cores are busiest, and a fresh fork's USS says little. Read there, a short loop's first
+steps paid for it (with psutil's import on the same thread, now made before the script runs
+under ``pipeprof run``: ``prepare``): the sampler's start-up took 22-26 ms of CPU in a 60-step
+loop with 2 workers (``benchmarks/short_run.py``'s), 2.8-4.0 ms without.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's ow
 MEMORY_EVERY_NS = 1_000_000_000  # NOTE [ Private memory ]: a process's memory at most this often
 MEMORY_SHARE = 0.001  # ... within this share of a core
 MEMORY_BURST_NS = 10_000_000  # ... holding at most this much CPU at once
+MEMORY_FIRST_NS = 1_000_000_000  # ... and none before this long after the sampler starts
 MEMORY_KEPT = 512  # a process's memory readings kept
 Role = Literal["main", "child"]
 CoreTimes = list[tuple[float, float, float, float]]  # per core: busy, total, iowait, steal
@@ -439,6 +445,17 @@ def _take(psutil: Any) -> _Psutil:
     return kind(psutil)
 
 
+def prepare() -> None:
+    """Import psutil and make this process's source now, on the calling thread (``pipeprof
+    run``'s set-up, before the script): else the sampler thread does it where the loop starts,
+    contending with the training thread (12 ms of import after torch's, 1-2 ms of source)."""
+    try:
+        import psutil
+    except ImportError:
+        return
+    _give_back(_take(psutil))
+
+
 def _give_back(src: _Psutil) -> None:
     src.release()
     if src.pid == os.getpid() and len(_POOL) < 2:
@@ -476,6 +493,7 @@ class HostSampler(Sampler):
         self._credit_t = 0  # ... as of this time (monotonic ns)
         self._mem_credit = float(MEMORY_BURST_NS)  # NOTE [ Private memory ]: its budget ...
         self._mem_credit_t = 0  # ... as of this time (monotonic ns)
+        self._mem_from = 0  # ... and no reading before this time (monotonic ns)
         self._mem_next = 0  # the process whose memory is read next, in turn
         self.mem_available_mb: float | None = None  # the machine's, at the last memory reading
         self.mem_total_mb: float | None = None
@@ -516,6 +534,7 @@ class HostSampler(Sampler):
         for agg in (self.cpu, self.saturated, self.iowait, self.steal, self.disk, main):
             agg.begin(now_ns)
         self._credit_t = self._mem_credit_t = time.monotonic_ns()
+        self._mem_from = self._mem_credit_t + MEMORY_FIRST_NS
         self._maybe_look_up(force=True)
         for pid in list(self._kids):  # children there already are primed now, as the main is
             snap = self._snap(pid)
@@ -628,6 +647,8 @@ class HostSampler(Sampler):
         [ Private memory ])."""
         assert self._src is not None
         now = time.monotonic_ns()
+        if now < self._mem_from:  # the budget fills meanwhile, but no fuller than its burst
+            return
         credit = self._mem_credit + (now - self._mem_credit_t) * MEMORY_SHARE
         self._mem_credit, self._mem_credit_t = min(float(MEMORY_BURST_NS), credit), now
         if self._mem_credit < 0:
