@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeprof.analyze.accounting import accounting
+from pipeprof.analyze.fetch import fetch_section
 from pipeprof.analyze.finding import Finding, Verdict, pipeline_facts
 from pipeprof.analyze.hdf5 import h5_section
 from pipeprof.analyze.loop import loop_section, timeline
@@ -69,6 +70,8 @@ def _analyze(session: Session) -> dict[str, Any]:
         }
     if session.h5:  # h5py reads were timed (docs/hdf5.md)
         report["hdf5"] = h5_section(session)
+    if session.fetch:  # HTTP requests were timed (docs/streaming.md)
+        report["fetch"] = fetch_section(session)
     report["timeline"] = timeline(session)
     report["accounting"] = accounting(session)
     report["verdict"], report["findings"], report["what_if"] = assess(report)

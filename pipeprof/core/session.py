@@ -216,6 +216,8 @@ class Session:
     # h5py reads by dataset ("file:/name"), summed over every process (collect/hdf5.py):
     # {"layout": {...}, counters..., "extent_sum": [...]}; see ``merge_counts``
     h5: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # HTTP requests by host ("host:port"), summed over every process (collect/fetch.py)
+    fetch: dict[str, dict[str, Any]] = field(default_factory=dict)
     _pending: deque[dict[str, Any]] = field(default_factory=deque, repr=False, compare=False)
     # records queued (written by the thread that merges) and folded (under ``_lock``): two
     # counters, each with one writer, so no update is lost between the threads
@@ -348,6 +350,8 @@ class Session:
             self.events += sum(payload["events"] for payload in payloads)
         for payload in payloads:
             extra = payload.get("counts")
+            if extra and "fetch" in extra:
+                merge_counts(self.fetch, extra["fetch"])
             if extra and "h5" in extra:
                 merge_counts(self.h5, extra["h5"])
                 if payload.get("later_epoch"):  # cold vs warm: later epochs' reads apart
@@ -542,6 +546,7 @@ class Session:
             "notes": self.notes,
             "interrupted": self.interrupted,
             "h5": self.h5,
+            "fetch": self.fetch,
         }
 
     @classmethod
@@ -601,7 +606,8 @@ class Session:
             host=get("host", _is_dict_or_none, "an object or null", None),
             notes=list(get("notes", _is_strings, "a list of strings", [])),
             interrupted=get("interrupted", lambda v: isinstance(v, bool), "true or false", False),
-            h5=get("h5", _is_h5, "an object of objects", {}),
+            h5=get("h5", _is_dict_of_dicts, "an object of objects", {}),
+            fetch=get("fetch", _is_dict_of_dicts, "an object of objects", {}),
         )
         stages = get("stages", _is_dict, "an object", {})
         for track, paths in stages.items():
@@ -778,7 +784,7 @@ def _is_str(v: Any) -> bool:
     return isinstance(v, str)
 
 
-def _is_h5(v: Any) -> bool:
+def _is_dict_of_dicts(v: Any) -> bool:
     return isinstance(v, dict) and all(isinstance(x, dict) for x in v.values())
 
 

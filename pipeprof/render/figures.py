@@ -289,6 +289,27 @@ def h5_table(data: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+FETCH_COLUMNS = ("host", "requests", "latency ms", "p50 ≤", "p95 ≤", "MB", "MB/s a read")
+
+
+def fetch_table(data: dict[str, Any]) -> list[list[str]]:
+    """The rows of the network section, one per host (``report["fetch"]``), as text cells in
+    ``FETCH_COLUMNS`` order: the mean latency (request to headers), the histogram bucket that
+    holds its median and 95th percentile, the bodies' MB and the rate a body came at."""
+    return [
+        [
+            str(r.get("host")),
+            f"{r.get('requests', 0):,}",
+            num(r.get("latency_ms_mean")),
+            num(r.get("latency_ms_p50")),
+            num(r.get("latency_ms_p95")),
+            num((r.get("bytes") or 0) / 1e6),
+            num(r.get("read_mb_s")),
+        ]
+        for r in data.get("fetch") or []
+    ]
+
+
 def h5_epochs(data: dict[str, Any]) -> list[str]:
     """A line per h5py dataset read in several epochs: the first epoch's ms per read against
     later epochs' (a cold cache shows as a slower first epoch)."""

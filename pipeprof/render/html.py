@@ -12,12 +12,14 @@ from typing import Any
 from pipeprof.render import charts, timelines
 from pipeprof.render.base import Profiled, Renderer
 from pipeprof.render.figures import (
+    FETCH_COLUMNS,
     H5_COLUMNS,
     balance,
     batch_waits,
     comm_line,
     coverage,
     evidence_items,
+    fetch_table,
     gpu_devices,
     gpu_util_line,
     h5_epochs,
@@ -247,6 +249,16 @@ def body(data: dict[str, Any]) -> str:
         epochs = "".join(f'<p class="dim">{escape(line)}</p>' for line in h5_epochs(data))
         parts.append(
             f'<h2>HDF5 reads</h2><table class="hdf5"><tr>{head}</tr>{body_rows}</table>{epochs}'
+        )
+    net = fetch_table(data)
+    if net:
+        head = "".join(f"<th>{escape(c)}</th>" for c in FETCH_COLUMNS)
+        body_rows = "".join(
+            "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>" for cells in net
+        )
+        parts.append(
+            "<h2>Network reads (load/fetch)</h2>"
+            f'<table class="fetch"><tr>{head}</tr>{body_rows}</table>'
         )
     if data.get("workers"):
         ratio = balance(data)

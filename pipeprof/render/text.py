@@ -21,12 +21,14 @@ from rich.text import Text
 
 from pipeprof.render.base import Renderer
 from pipeprof.render.figures import (
+    FETCH_COLUMNS,
     H5_COLUMNS,
     SEVERITY_STYLE,
     STEP_PARTS,
     balance,
     comm_line,
     coverage,
+    fetch_table,
     gpu_devices,
     gpu_util_line,
     h5_epochs,
@@ -233,6 +235,18 @@ def h5table(data: dict[str, Any]) -> RenderableType | None:
     return Group(t, Text("\n".join(epochs), style="dim")) if epochs else t
 
 
+def fetchtable(data: dict[str, Any]) -> RenderableType | None:
+    rows = fetch_table(data)
+    if not rows:
+        return None
+    t = table("network reads (HTTP, all processes): load/fetch")
+    for col in FETCH_COLUMNS:
+        t.add_column(col, justify="left" if col == "host" else "right", no_wrap=True)
+    for cells in rows:
+        t.add_row(*cells)
+    return t
+
+
 def workertable(data: dict[str, Any]) -> RenderableType | None:
     rows = data.get("workers") or []
     if not rows:
@@ -375,6 +389,7 @@ def parts(data: dict[str, Any]) -> Iterator[RenderableType]:
     sections += [
         stagetable(data),
         h5table(data),
+        fetchtable(data),
         workertable(data),
         utilisation(data),
         finding_list(data),

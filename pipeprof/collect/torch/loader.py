@@ -53,6 +53,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
+from pipeprof.collect import fetch as netreads
 from pipeprof.collect import hdf5, ranks
 from pipeprof.collect.loop import HANG_S
 from pipeprof.collect.torch import epochs, hangs, memory, shm
@@ -562,6 +563,7 @@ class WorkerInit:
             except ImportError:
                 pass
             hdf5.install()  # for the worker's life: the process is the profiled loader's own
+        netreads.install()  # NOTE [ Timing network reads ] in collect/fetch.py, as h5py's
         if self.fn is not None:  # it sees the dataset's own transforms, not their stand-ins
             plain = set_swaps(self.swaps, plain=True)
             try:
@@ -818,9 +820,10 @@ class ProfiledLoader:
         rec = recorder()
         mine, first_profile = rec.begin()
         self._sinks = (mine, first_profile)
-        h5 = False
+        h5 = net = False
         try:
             h5 = hdf5.install()  # reads in this process (num_workers=0) are timed while it runs
+            net = netreads.install()
             if isinstance(self.loader.collate_fn, Collate):  # NOTE [ Index sketches ]
                 first = self.passes == 1
                 self.loader.collate_fn.sketch = first and ranks.from_env().distributed
@@ -924,6 +927,8 @@ class ProfiledLoader:
                 self.stop_watch()  # NOTE [ Hangs ] in hangs.py
                 if h5:
                     hdf5.uninstall()
+                if net:
+                    netreads.uninstall()
 
     def _fetch(
         self, fetch: Any, off: bool, measure: bool, rec: Any

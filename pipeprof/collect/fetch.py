@@ -1,0 +1,195 @@
+"""Network reads timed where they run: HTTP requests as the relative stage ``fetch``, apart from
+local reads and decoding, with their bytes and latency by host. The user's code is not changed.
+
+NOTE [ Timing network reads ]
+Most Python clients that a dataset fetches with end in the standard library's ``http.client``:
+``urllib.request``, ``requests`` and ``urllib3``, ``boto3``/``botocore`` (through urllib3). A
+request passes through two public methods of public classes there:
+
+1. ``HTTPConnection.getresponse()``: from the request sent to the response's headers read, the
+   request's latency (the server's time to first byte, and the network's round trip);
+2. ``HTTPResponse.read()`` and ``readinto()``: the body, as the client reads it (``read(n)``
+   calls ``readinto`` itself: the inner call is neither timed nor counted again).
+
+pipeprof replaces those three on the classes, with functions that call the originals with the
+same arguments and return what they return, in the processes and for the time that h5py's reads
+are timed (NOTE [ Timing h5py reads ] in collect/hdf5.py: a worker's whole life; a pass in the
+training process; counted installs). ``import torch`` imports ``http.client`` already, so a
+spawned worker pays nothing to have it. While the recorder is off a call pays one attribute read
+more.
+
+Each call is the relative stage ``fetch`` (``load/fetch`` inside ``__getitem__``), opened only
+where the thread is not inside a ``fetch`` already (the user's own ``pipeprof.stage("fetch")``
+times its calls then, which are still counted). What is counted, per host (``"host:port"``) in
+the sink's aggregates (``counts(sink)["fetch"]``, bounded by the hosts, never by the requests):
+requests, their latency's ns and a histogram of it (``LATENCY_BOUNDS_MS``: one count a bucket,
+so workers' histograms add), body reads, their ns and bytes. The counting is pipeprof's own
+time, detached from the enclosing stages and summed in ``cost_ns``.
+
+Not covered: clients with their own HTTP stack (``aiohttp``, which fsspec's HTTP and s3fs use;
+``httpx``; gRPC). Their time stays in the stage that calls them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import weakref
+from typing import Any
+
+from pipeprof.core.recorder import clock, counts, recorder
+
+# upper bounds of the latency histogram's buckets, ms (the last bucket holds everything above)
+LATENCY_BOUNDS_MS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_BOUNDS_NS = [int(b * 1e6) for b in LATENCY_BOUNDS_MS]
+_rec = recorder()
+_ORIG: dict[str, Any] = {}
+_installed = [0]
+_lock = threading.Lock()
+_inside = threading.local()  # a body read inside another (read(n) calls readinto)
+_HOSTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # response -> host
+
+
+def install() -> bool:
+    """Time ``http.client`` requests in this process (NOTE [ Timing network reads ]). Pair
+    each call with ``uninstall``."""
+    import http.client as hc
+
+    with _lock:
+        if hc.HTTPConnection.__dict__.get("getresponse") is not _getresponse:
+            _ORIG["getresponse"] = hc.HTTPConnection.__dict__["getresponse"]
+            _ORIG["read"] = hc.HTTPResponse.__dict__["read"]
+            _ORIG["readinto"] = hc.HTTPResponse.__dict__["readinto"]
+            hc.HTTPConnection.getresponse = _getresponse  # type: ignore[method-assign]
+            hc.HTTPResponse.read = _read  # type: ignore[method-assign]
+            hc.HTTPResponse.readinto = _readinto  # type: ignore[method-assign]
+        _installed[0] += 1
+    return True
+
+
+def uninstall() -> None:
+    """Undo one ``install``; the last puts the originals back (if ours are still there)."""
+    import http.client as hc
+
+    with _lock:
+        _installed[0] = max(0, _installed[0] - 1)
+        if _installed[0] or not _ORIG:
+            return
+        for cls, name, mine in (
+            (hc.HTTPConnection, "getresponse", _getresponse),
+            (hc.HTTPResponse, "read", _read),
+            (hc.HTTPResponse, "readinto", _readinto),
+        ):
+            if cls.__dict__.get(name) is mine:
+                setattr(cls, name, _ORIG[name])
+
+
+def installed() -> bool:
+    """Whether ``http.client``'s methods are pipeprof's in this process now."""
+    import http.client as hc
+
+    return hc.HTTPConnection.__dict__.get("getresponse") is _getresponse
+
+
+def _getresponse(self: Any) -> Any:
+    if not _rec.enabled:
+        return _ORIG["getresponse"](self)
+    frame, t0 = _open()
+    try:
+        resp = _ORIG["getresponse"](self)
+    finally:
+        ns = _close(frame, t0)
+        _count(self, ns, None)
+    try:
+        _HOSTS[resp] = _host(self)
+    except TypeError:  # not weakly referable: its reads count under "?"
+        pass
+    return resp
+
+
+def _read(self: Any, amt: int | None = None) -> bytes:
+    if not _rec.enabled or getattr(_inside, "on", False):
+        return _ORIG["read"](self, amt)  # type: ignore[no-any-return]
+    _inside.on = True
+    frame, t0 = _open()
+    out = b""
+    try:
+        out = _ORIG["read"](self, amt)
+        return out  # type: ignore[no-any-return]
+    finally:
+        _inside.on = False
+        ns = _close(frame, t0)
+        _count(self, ns, len(out))
+
+
+def _readinto(self: Any, b: Any) -> int:
+    if not _rec.enabled or getattr(_inside, "on", False):
+        return _ORIG["readinto"](self, b)  # type: ignore[no-any-return]
+    _inside.on = True
+    frame, t0 = _open()
+    n: int = 0
+    try:
+        n = _ORIG["readinto"](self, b)
+        return n
+    finally:
+        _inside.on = False
+        ns = _close(frame, t0)
+        _count(self, ns, n)
+
+
+def _open() -> tuple[Any, int]:
+    rec = _rec
+    inside = rec.innermost
+    frame = None
+    if inside is None or not (inside == "fetch" or inside.endswith("/fetch")):
+        frame = rec.open(rec.child_path("fetch"))
+    return frame, clock()
+
+
+def _close(frame: Any, t0: int) -> int:
+    ns: int = _rec.close(frame) if frame is not None else clock() - t0
+    return ns
+
+
+def _count(obj: Any, ns: int, nbytes: int | None) -> None:
+    """One request (``nbytes`` None: its latency) or body read, into this thread's sink."""
+    c0 = clock()
+    try:
+        host = _host(obj)
+        mine = counts(_rec.sink)
+        found = mine.get("fetch")
+        if found is None:
+            found = mine["fetch"] = {}
+        entry: dict[str, Any] | None = found.get(host)
+        if entry is None:
+            entry = found[host] = _entry()
+        if nbytes is None:
+            entry["requests"] += 1
+            entry["latency_ns"] += ns
+            entry["latency_hist"][bisect.bisect_left(_BOUNDS_NS, ns)] += 1
+        else:
+            entry["reads"] += 1
+            entry["read_ns"] += ns
+            entry["bytes"] += nbytes
+    except Exception:  # counting must never break a read
+        return
+    cost = clock() - c0
+    st = _rec._local.st
+    if st.path is not None:  # pipeprof's own time: out of every enclosing stage
+        st.detached += cost
+    entry["cost_ns"] += cost
+
+
+def _entry() -> dict[str, Any]:
+    return {"requests": 0, "latency_ns": 0, "reads": 0, "read_ns": 0, "bytes": 0, "cost_ns": 0,
+            "latency_hist": [0] * (len(_BOUNDS_NS) + 1)}  # fmt: skip
+
+
+def _host(obj: Any) -> str:
+    """``host:port`` of a connection, or of a response's (noted when it came: http.client
+    keeps no link from a response to its connection)."""
+    import http.client as hc
+
+    if isinstance(obj, hc.HTTPResponse):
+        return _HOSTS.get(obj, "?")
+    return f"{obj.host}:{obj.port}"

@@ -1,0 +1,82 @@
+"""A local HTTP server with a known latency, and datasets that read from it: the network
+collector's tests (tests/test_fetch.py). Importable, so that spawned workers can rebuild them."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+from torch.utils.data import Dataset
+
+BODY = 64 * 1024  # bytes a response
+LATENCY_S = 0.02  # the server's wait before it answers
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        time.sleep(LATENCY_S)
+        i = int(self.path.strip("/") or 0)
+        body = bytes([i % 251]) * BODY
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def server() -> Iterator[str]:
+    """A server on 127.0.0.1 for the block; yields its base URL."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class Remote(Dataset):  # type: ignore[type-arg]
+    """``n`` samples, each fetched from ``url`` (``client``: ``urllib`` or ``requests``), then
+    ``work_s`` of other work (a local decode), outside the fetch."""
+
+    def __init__(self, url: str, n: int = 32, client: str = "urllib", work_s: float = 0.005):
+        self.url, self.n, self.client, self.work_s = url, n, client, work_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.client == "requests":
+            import requests
+
+            data = requests.get(self.url + str(i), timeout=30).content
+        else:
+            with urllib.request.urlopen(self.url + str(i), timeout=30) as r:
+                data = r.read()
+        time.sleep(self.work_s)
+        return torch.tensor([len(data), data[0]])
+
+
+class Local(Dataset):  # type: ignore[type-arg]
+    """The near miss: the same samples and work from a local file, no network."""
+
+    def __init__(self, path: str, n: int = 32) -> None:
+        self.path, self.n = path, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.path, "rb") as f:
+            data = f.read()
+        time.sleep(0.005)
+        return torch.tensor([len(data), data[0]])

@@ -1,0 +1,109 @@
+"""Network reads as their own stage (NOTE [ Timing network reads ] in collect/fetch.py): a real
+HTTP server on 127.0.0.1 with a known latency, read by datasets through urllib and requests,
+in the training process and in fork and spawn workers; a local-file near miss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from netdata import BODY, LATENCY_S, Local, Remote, server
+from torch.utils.data import DataLoader
+
+import pipeprof
+from pipeprof.analyze import fetch as analyze_fetch
+from pipeprof.collect import fetch as collect_fetch
+
+N = 32
+
+
+def _profile(dataset, workers: int, context: str | None = None):
+    """The loader's batches plain and profiled (the same), and the profile's report."""
+    kw = {"multiprocessing_context": context} if workers else {}
+    loader = DataLoader(dataset, batch_size=8, num_workers=workers, **kw)
+    plain = list(loader)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        got = list(prof.wrap(loader))
+    assert len(got) == len(plain) and all(torch.equal(a, b) for a, b in zip(plain, got))
+    return prof.report()
+
+
+@pytest.mark.parametrize(
+    ("workers", "context", "client"),
+    [(0, None, "urllib"), (2, "fork", "urllib"), (2, "spawn", "urllib"), (0, None, "requests")],
+)
+def test_requests_are_the_fetch_stage_with_their_latency_and_bytes(workers, context, client):
+    """Each sample's request (20 ms at the server) and body (64 kB) are ``load/fetch``; the 5 ms
+    of other work in ``__getitem__`` is not. The host's row counts each request and byte once
+    (``read(n)`` calls ``readinto``: counted once), in whichever process read them."""
+    with server() as url:
+        report = _profile(Remote(url, N, client), workers, context)
+        d = report.to_dict()
+    port = url.rsplit(":", 1)[1].strip("/")
+    stages = d["stages"]
+    fetch, load = stages["load/fetch"], stages["load"]
+    assert fetch["per_sample_ms"] >= LATENCY_S * 1e3
+    assert fetch["per_sample_ms"] <= load["per_sample_ms"] - 4  # the 5 ms sleep is load's own
+    (row,) = d["fetch"]
+    assert row["host"] == f"127.0.0.1:{port}"
+    assert row["requests"] == N and row["bytes"] == N * BODY
+    assert row["latency_ms_mean"] >= LATENCY_S * 1e3
+    assert row["latency_ms_p50"] >= 32  # the bucket holding 20 ms and more: (16, 32]
+    assert row["read_mb_s"] > 0 and row["fetch_s"] >= N * LATENCY_S
+    assert row.keys() == analyze_fetch.FetchRow.__annotations__.keys() == _schema_keys("fetch")
+    assert "network reads (HTTP, all processes)" in report.render("text")
+    assert "<h2>Network reads (load/fetch)</h2>" in report.render("html")
+    assert not collect_fetch.installed()  # the originals are back once the profile ends
+
+
+def test_a_read_through_readinto_counts_its_bytes_once(monkeypatch):
+    """Python 3.10's ``HTTPResponse.read(n)`` reads through ``readinto``: the body's bytes and
+    time are counted once, by the outer call."""
+    import http.client
+
+    own = http.client.HTTPResponse.read
+
+    def read_310(self, amt=None):
+        if amt is None:
+            return own(self)
+        b = bytearray(amt)
+        n = self.readinto(b)
+        return bytes(memoryview(b)[:n])
+
+    monkeypatch.setattr(http.client.HTTPResponse, "read", read_310)
+    with server() as url:
+        report = _profile(Remote(url, N, "requests"), 0)
+    (row,) = report.to_dict()["fetch"]
+    assert row["requests"] == N and row["bytes"] == N * BODY
+    assert http.client.HTTPResponse.read is read_310  # the one it found, put back
+
+
+def _schema_keys(row: str) -> set[str]:
+    """The keys docs/schema.md gives the row ``row`` (a list of one object)."""
+    from test_report import _schema_shape
+
+    return set(_schema_shape(row))
+
+
+def test_local_reads_have_no_fetch_stage(tmp_path):
+    """The near miss: the same samples read from a local file show no ``load/fetch`` and no
+    network section."""
+    path = tmp_path / "sample.bin"
+    path.write_bytes(b"\x07" * BODY)
+    report = _profile(Local(str(path), N), 2, "fork")
+    d = report.to_dict()
+    assert "load/fetch" not in d["stages"] and "fetch" not in d
+    assert "network reads" not in report.render("text")
+
+
+def test_the_latency_histogram_is_read_the_same_on_both_sides():
+    """collect/ counts into buckets that analyze/ reads (the layers do not import each other)."""
+    assert collect_fetch.LATENCY_BOUNDS_MS == analyze_fetch.LATENCY_BOUNDS_MS
+    hist = [0] * (len(analyze_fetch.LATENCY_BOUNDS_MS) + 1)
+    assert analyze_fetch.quantile_bound(hist, 0.5) is None
+    hist[3] = 90  # (1, 2] ms
+    hist[6] = 10  # (8, 16] ms
+    assert analyze_fetch.quantile_bound(hist, 0.5) == 2.0
+    assert analyze_fetch.quantile_bound(hist, 0.95) == 16.0
+    hist[-1] = 100  # past the last bound: not known
+    assert analyze_fetch.quantile_bound(hist, 0.95) is None
