@@ -18,14 +18,27 @@ LATENCY_S = 0.02  # the server's wait before it answers
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """``/<i>``: LATENCY_S, then the body at once; ``/slow/<i>``: the headers at once, then
+    the body in 16 parts 1.5 ms apart (a transfer-bound fetch)."""
+
     def do_GET(self) -> None:
-        time.sleep(LATENCY_S)
-        i = int(self.path.strip("/") or 0)
+        slow = self.path.startswith("/slow/")
+        if not slow:
+            time.sleep(LATENCY_S)
+        i = int(self.path.rsplit("/", 1)[1] or 0)
         body = bytes([i % 251]) * BODY
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if not slow:
+            self.wfile.write(body)
+            return
+        self.wfile.flush()
+        part = BODY // 16
+        for k in range(16):
+            time.sleep(0.0015)
+            self.wfile.write(body[k * part : (k + 1) * part])
+            self.wfile.flush()
 
     def log_message(self, *args: object) -> None:
         pass

@@ -51,6 +51,32 @@ _FIXES = {
 }
 
 
+def fetch_fix(rows: list[dict[str, Any]]) -> str:
+    """The fix for a pipeline limited by its network reads (docs/streaming.md): by whether the
+    requests' latency or their bodies' transfer takes most of the fetch."""
+    latency = sum((r.get("latency_ms_mean") or 0) * r["requests"] / 1e3 for r in rows)
+    total = sum(r["fetch_s"] for r in rows)
+    requests = sum(r["requests"] for r in rows)
+    if not total or not requests:
+        return "make load/fetch cheaper, or move it off the per-sample path"
+    mean = latency / requests * 1e3
+    if latency >= 0.5 * total:
+        return (
+            f"each request waits {mean:.3g} ms for its first byte, {latency / total:.0%} of the "
+            "fetch: the latency limits it, not the bandwidth. Keep more requests in flight (more "
+            "workers, which wait without using a core: see the what-if; or a thread pool over a "
+            "batch's samples in __getitems__), fetch larger objects that hold many samples "
+            "(shards), so that each wait pays for more of them, and cache what later epochs "
+            "read again"
+        )
+    rate = sum(r["bytes"] for r in rows) / 1e6 / max(total - latency, 1e-9)
+    return (
+        f"the bodies take {1 - latency / total:.0%} of the fetch, at {rate:.3g} MB/s a request: "
+        "fetch fewer bytes (smaller encodings, resized images) or read from a closer store, "
+        "and cache what later epochs read again"
+    )
+
+
 def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
     path, total = facts["limiting"], facts["pipeline_s"]
     if path is None or not total or report.get("framework") == "tf":  # tf: see tf_rules.py
@@ -61,6 +87,8 @@ def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         return None
     if path == "collate":
         fix = collate_fix(report.get("meta") or {})
+    elif path.endswith("/fetch") and report.get("fetch"):
+        fix = fetch_fix(report["fetch"])
     elif path in _FIXES:
         fix = _FIXES[path]
     elif path.startswith("transform/"):
