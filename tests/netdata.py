@@ -3,6 +3,7 @@ collector's tests (tests/test_fetch.py). Importable, so that spawned workers can
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import urllib.request
@@ -42,6 +43,65 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+@contextmanager
+def s3_server(keys: int) -> Iterator[str]:
+    """A real S3 server (moto's, on werkzeug) on 127.0.0.1 that waits LATENCY_S before each
+    answer, holding bucket ``data`` with ``keys`` objects ``<i>`` of BODY bytes; yields its
+    endpoint URL."""
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line a request
+    app = DomainDispatcherApplication(create_backend_app)
+
+    def slow(environ, start_response):  # type: ignore[no-untyped-def]
+        time.sleep(LATENCY_S)
+        return app(environ, start_response)
+
+    srv = make_server("127.0.0.1", 0, slow, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{srv.port}"
+    try:
+        client = _s3(url)
+        client.create_bucket(Bucket="data")
+        for i in range(keys):
+            client.put_object(Bucket="data", Key=str(i), Body=bytes([i % 251]) * BODY)
+        yield url
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _s3(url: str):  # type: ignore[no-untyped-def]
+    import boto3
+
+    return boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+
+
+class S3Objects(Dataset):  # type: ignore[type-arg]
+    """``n`` samples, object ``<i>`` of bucket ``data`` each, read with boto3 (a client made
+    once a process, at its first sample), then 5 ms of other work."""
+
+    def __init__(self, url: str, n: int = 32) -> None:
+        self.url, self.n = url, n
+        self._client = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> dict:  # type: ignore[type-arg]
+        return {**self.__dict__, "_client": None}  # a client is not sent to a worker
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self._client is None:
+            self._client = _s3(self.url)
+        data = self._client.get_object(Bucket="data", Key=str(i))["Body"].read()
+        time.sleep(0.005)
+        return torch.tensor([len(data), data[0]])
 
 
 @contextmanager

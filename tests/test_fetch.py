@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from netdata import BODY, LATENCY_S, Local, Remote, server
+from netdata import BODY, LATENCY_S, Local, Remote, S3Objects, s3_server, server
 from torch.utils.data import DataLoader
 
 import pipeprof
@@ -54,6 +54,21 @@ def test_requests_are_the_fetch_stage_with_their_latency_and_bytes(workers, cont
     assert "network reads (HTTP, all processes)" in report.render("text")
     assert "<h2>Network reads (load/fetch)</h2>" in report.render("html")
     assert not collect_fetch.installed()  # the originals are back once the profile ends
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_s3_reads_with_boto3_are_the_fetch_stage(workers):
+    """boto3's ``get_object`` against a real S3 server (moto's) that answers in 20 ms: each
+    object's request and its 64 kB are ``load/fetch``, once each; boto3's own work (making
+    and signing the request) and the 5 ms after it are ``load``'s, not the fetch's."""
+    with s3_server(N) as url:
+        report = _profile(S3Objects(url, N), workers, "fork" if workers else None)
+    d = report.to_dict()
+    fetch, load = d["stages"]["load/fetch"], d["stages"]["load"]
+    assert LATENCY_S * 1e3 <= fetch["per_sample_ms"] <= load["per_sample_ms"] - 4
+    (row,) = d["fetch"]
+    assert row["host"] == url.removeprefix("http://")
+    assert row["requests"] == N and row["bytes"] == N * BODY
 
 
 def test_a_read_through_readinto_counts_its_bytes_once(monkeypatch):
