@@ -21,6 +21,7 @@ from pipeprof.analyze.stages import (
     timed_batches,
     worker_table,
 )
+from pipeprof.analyze.tokens import tokens_section
 from pipeprof.analyze.verdict import empty_verdict, loader_verdict, loop_verdict
 from pipeprof.core.session import Session
 from pipeprof.core.stats import Figures, Stat, figures
@@ -72,6 +73,8 @@ def _analyze(session: Session) -> dict[str, Any]:
         report["hdf5"] = h5_section(session)
     if session.fetch:  # HTTP requests were timed (docs/streaming.md)
         report["fetch"] = fetch_section(session)
+    if session.tokens:  # token batches (NOTE [ Padding ] in analyze/tokens.py)
+        report["tokens"] = tokens_section(session)
     report["timeline"] = timeline(session)
     report["accounting"] = accounting(session)
     report["verdict"], report["findings"], report["what_if"] = assess(report)

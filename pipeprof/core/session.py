@@ -218,6 +218,9 @@ class Session:
     h5: dict[str, dict[str, Any]] = field(default_factory=dict)
     # HTTP requests by host ("host:port"), summed over every process (collect/fetch.py)
     fetch: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # token batches' attention masks, summed (collect/torch/loader.py: _count_padding):
+    # {"batches", "real", "total"}; empty where no batch held one
+    tokens: dict[str, int] = field(default_factory=dict)
     _pending: deque[dict[str, Any]] = field(default_factory=deque, repr=False, compare=False)
     # records queued (written by the thread that merges) and folded (under ``_lock``): two
     # counters, each with one writer, so no update is lost between the threads
@@ -352,6 +355,8 @@ class Session:
             extra = payload.get("counts")
             if extra and "fetch" in extra:
                 merge_counts(self.fetch, extra["fetch"])
+            if extra and "tokens" in extra:
+                merge_counts(self.tokens, extra["tokens"])
             if extra and "h5" in extra:
                 merge_counts(self.h5, extra["h5"])
                 if payload.get("later_epoch"):  # cold vs warm: later epochs' reads apart
@@ -547,6 +552,7 @@ class Session:
             "interrupted": self.interrupted,
             "h5": self.h5,
             "fetch": self.fetch,
+            "tokens": self.tokens,
         }
 
     @classmethod
@@ -608,6 +614,7 @@ class Session:
             interrupted=get("interrupted", lambda v: isinstance(v, bool), "true or false", False),
             h5=get("h5", _is_dict_of_dicts, "an object of objects", {}),
             fetch=get("fetch", _is_dict_of_dicts, "an object of objects", {}),
+            tokens=dict(get("tokens", _is_int_values, "an object of whole numbers", {})),
         )
         stages = get("stages", _is_dict, "an object", {})
         for track, paths in stages.items():

@@ -310,6 +310,17 @@ def fetch_table(data: dict[str, Any]) -> list[list[str]]:
     ]
 
 
+def padding_line(data: dict[str, Any]) -> str | None:
+    """The token batches' padding (NOTE [ Padding ] in analyze/tokens.py), or None."""
+    t = data.get("tokens")
+    if not t:
+        return None
+    return (
+        f"padding: {pct(t['padding_share'])} of the tokens are pad tokens "
+        f"({t['pad_tokens']:,} of {t['tokens']:,}, attention masks of {t['batches']:,} batches)"
+    )
+
+
 def h5_epochs(data: dict[str, Any]) -> list[str]:
     """A line per h5py dataset read in several epochs: the first epoch's ms per read against
     later epochs' (a cold cache shows as a slower first epoch)."""

@@ -30,6 +30,7 @@ from pipeprof.render.figures import (
     loop_view,
     num,
     overhead_line,
+    padding_line,
     pct,
     sampling_line,
     top_total,
@@ -116,6 +117,7 @@ def stage_rows(data: dict[str, Any]) -> str:
         f"<th>share</th><th>p50 ms</th><th>p95 ms</th><th>calls</th></tr>{''.join(out)}"
         "</table>"
         + (f'<p class="dim">{escape(line)}</p>' if (line := sampling_line(data)) else "")
+        + (f'<p class="dim">{escape(pad)}</p>' if (pad := padding_line(data)) else "")
     )
 
 

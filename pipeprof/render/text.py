@@ -39,6 +39,7 @@ from pipeprof.render.figures import (
     loop_view,
     num,
     overhead_line,
+    padding_line,
     pct,
     sampling_line,
     top_total,
@@ -216,8 +217,8 @@ def stagetable(data: dict[str, Any]) -> RenderableType | None:
             num(row.get("p95_ms")),
             bar(share),
         )
-    line = sampling_line(data)
-    return Group(t, Text(line, style="dim")) if line else t
+    lines = [x for x in (sampling_line(data), padding_line(data)) if x]
+    return Group(t, Text("\n".join(lines), style="dim")) if lines else t
 
 
 def h5table(data: dict[str, Any]) -> RenderableType | None:

@@ -46,7 +46,7 @@ import threading
 import time
 import weakref
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -70,6 +70,7 @@ from pipeprof.core.recorder import (
     PROBE_CAP_NS,
     STAGE_EVERY,
     clock,
+    counts,
     probe,
     probe_base,
     recorder,
@@ -439,6 +440,7 @@ class Collate:
         probe_ns, warm_ns = probe(samples)  # NOTE [ In-situ region cost ] in core/recorder.py
         batch = timed_call1("collate", self.fn, samples)
         done = clock()  # the batch is ready: what follows is hand-over (NOTE [ Wait, split ])
+        _count_padding(batch, rec)
         # packing's CPU, not its wall time, in a worker: preempted here (all cores busy) it would
         # count another process's milliseconds as pipeprof's. In the training process the clock
         # it reads anyway: a CPU clock read there cost up to tens of µs (NOTE [ The short path ])
@@ -465,6 +467,25 @@ class Collate:
             payload["sample_kinds"] = sample_kinds(first)
         payload["cost_ns"] = took() - cpu0  # packing the records: pipeprof's own
         return Carrier(batch, payload)
+
+
+def _count_padding(batch: Any, rec: Any) -> None:
+    """A token batch's padding (NOTE [ Padding ] in analyze/tokens.py): where the batch is a
+    mapping with a 2-D ``attention_mask`` tensor (what Hugging Face collators make), its ones
+    (real tokens) and its size, summed in the sink's ``tokens``; outside the collate's time."""
+    if not isinstance(batch, Mapping):
+        return
+    mask: Any = batch.get("attention_mask")
+    if getattr(mask, "ndim", None) != 2 or not hasattr(mask, "sum"):
+        return
+    try:
+        real, total = int(mask.sum()), int(mask.numel())
+    except Exception:  # counting must never break a batch
+        return
+    found = counts(rec.sink).setdefault("tokens", {"batches": 0, "real": 0, "total": 0})
+    found["batches"] += 1
+    found["real"] += real
+    found["total"] += total
 
 
 def _mark_cpu(payload: dict[str, Any]) -> None:
