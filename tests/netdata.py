@@ -118,8 +118,9 @@ def server() -> Iterator[str]:
 
 
 class Remote(Dataset):  # type: ignore[type-arg]
-    """``n`` samples, each fetched from ``url`` (``client``: ``urllib`` or ``requests``), then
-    ``work_s`` of other work (a local decode), outside the fetch."""
+    """``n`` samples, each fetched from ``url`` (``client``: ``urllib``, ``requests``, or
+    ``pool``: urllib on a helper thread), then ``work_s`` of other work (a local decode),
+    outside the fetch."""
 
     def __init__(self, url: str, n: int = 32, client: str = "urllib", work_s: float = 0.005):
         self.url, self.n, self.client, self.work_s = url, n, client, work_s
@@ -128,7 +129,12 @@ class Remote(Dataset):  # type: ignore[type-arg]
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if self.client == "requests":
+        if self.client == "pool":  # fetched on a helper thread, as a pool would
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(1) as pool:
+                data = pool.submit(_get, self.url + str(i)).result()
+        elif self.client == "requests":
             import requests
 
             data = requests.get(self.url + str(i), timeout=30).content
@@ -137,6 +143,11 @@ class Remote(Dataset):  # type: ignore[type-arg]
                 data = r.read()
         time.sleep(self.work_s)
         return torch.tensor([len(data), data[0]])
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read()  # type: ignore[no-any-return]
 
 
 class Local(Dataset):  # type: ignore[type-arg]

@@ -116,6 +116,25 @@ def _schema_keys(row: str) -> set[str]:
     return set(_schema_shape(row))
 
 
+def test_requests_of_the_loop_itself_are_not_the_pipelines(tmp_path):
+    """A request the training loop makes between batches (a logger's upload) is no stage of
+    the pipeline's; one from a thread pool inside ``__getitem__`` is ``load/fetch``."""
+    import urllib.request
+
+    path = tmp_path / "sample.bin"
+    path.write_bytes(b"\x07" * BODY)
+    with server() as url:
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            for _ in prof.wrap(DataLoader(Local(str(path), 16), batch_size=4)):
+                urllib.request.urlopen(url + "1", timeout=30).read()
+        pooled = _profile(Remote(url, 16, "pool"), 0)
+    d = prof.report().to_dict()
+    assert "fetch" not in d and not any(p.endswith("fetch") for p in d["stages"])
+    (row,) = pooled.to_dict()["fetch"]
+    assert row["requests"] == 16 and "load/fetch" in pooled.to_dict()["stages"]
+
+
 def test_local_reads_have_no_fetch_stage(tmp_path):
     """The near miss: the same samples read from a local file show no ``load/fetch`` and no
     network section."""

@@ -18,8 +18,10 @@ training process; counted installs). ``import torch`` imports ``http.client`` al
 spawned worker pays nothing to have it. While the recorder is off a call pays one attribute read
 more.
 
-Each call is the relative stage ``fetch`` (``load/fetch`` inside ``__getitem__``), opened only
-where the thread is not inside a ``fetch`` already (the user's own ``pipeprof.stage("fetch")``
+Each call made inside the pipeline's stages (or on a helper thread while the pipeline thread is
+in one) is the relative stage ``fetch`` (``load/fetch`` inside ``__getitem__``); a request the
+training loop makes between batches (a logger's upload) is not timed. It is opened only where
+the thread is not inside a ``fetch`` already (the user's own ``pipeprof.stage("fetch")``
 times its calls then, which are still counted). What is counted, per host (``"host:port"``) in
 the sink's aggregates (``counts(sink)["fetch"]``, bounded by the hosts, never by the requests):
 requests, their latency's ns and a histogram of it (``LATENCY_BOUNDS_MS``: one count a bucket,
@@ -91,8 +93,17 @@ def installed() -> bool:
     return hc.HTTPConnection.__dict__.get("getresponse") is _getresponse
 
 
+def _piped() -> bool:
+    """Whether this call is the pipeline's: profiling on, and a stage open on this thread or,
+    for a helper thread with none, on the pipeline thread (a pool fetching in
+    ``__getitems__``). A request the training loop makes between batches (a logger's upload,
+    a hub call) is not."""
+    rec = _rec
+    return rec.enabled and (rec._local.st.path is not None or rec._main.path is not None)
+
+
 def _getresponse(self: Any) -> Any:
-    if not _rec.enabled:
+    if not _piped():
         return _ORIG["getresponse"](self)
     frame, t0 = _open()
     try:
@@ -108,7 +119,7 @@ def _getresponse(self: Any) -> Any:
 
 
 def _read(self: Any, amt: int | None = None) -> bytes:
-    if not _rec.enabled or getattr(_inside, "on", False):
+    if getattr(_inside, "on", False) or not _piped():
         return _ORIG["read"](self, amt)  # type: ignore[no-any-return]
     _inside.on = True
     frame, t0 = _open()
@@ -123,7 +134,7 @@ def _read(self: Any, amt: int | None = None) -> bytes:
 
 
 def _readinto(self: Any, b: Any) -> int:
-    if not _rec.enabled or getattr(_inside, "on", False):
+    if getattr(_inside, "on", False) or not _piped():
         return _ORIG["readinto"](self, b)  # type: ignore[no-any-return]
     _inside.on = True
     frame, t0 = _open()
