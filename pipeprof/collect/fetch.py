@@ -4,19 +4,19 @@ local reads and decoding, with their bytes and latency by host. The user's code 
 NOTE [ Timing network reads ]
 Most Python clients that a dataset fetches with end in the standard library's ``http.client``:
 ``urllib.request``, ``requests`` and ``urllib3``, ``boto3``/``botocore`` (through urllib3). A
-request passes through two public methods of public classes there:
+request passes through public methods of two public classes there:
 
 1. ``HTTPConnection.getresponse()``: from the request sent to the response's headers read, the
    request's latency (the server's time to first byte, and the network's round trip);
-2. ``HTTPResponse.read()`` and ``readinto()``: the body, as the client reads it (``read(n)``
-   calls ``readinto`` itself: the inner call is neither timed nor counted again).
+2. ``HTTPResponse.read()`` and ``readinto()``: the body, as the client reads it (Python 3.10's
+   ``read(n)`` calls ``readinto`` itself: the inner call is neither timed nor counted again).
 
 pipeprof replaces those three on the classes, with functions that call the originals with the
 same arguments and return what they return, in the processes and for the time that h5py's reads
 are timed (NOTE [ Timing h5py reads ] in collect/hdf5.py: a worker's whole life; a pass in the
 training process; counted installs). ``import torch`` imports ``http.client`` already, so a
-spawned worker pays nothing to have it. While the recorder is off a call pays one attribute read
-more.
+spawned worker pays nothing to have it. Outside a profile's stages a call pays one function
+call more (``_piped``).
 
 Each call made inside the pipeline's stages (or on a helper thread while the pipeline thread is
 in one) is the relative stage ``fetch`` (``load/fetch`` inside ``__getitem__``); a request the
