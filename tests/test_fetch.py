@@ -146,9 +146,9 @@ def test_local_reads_have_no_fetch_stage(tmp_path):
     assert "network reads" not in report.render("text")
 
 
-def test_the_latency_histogram_is_read_the_same_on_both_sides():
-    """collect/ counts into buckets that analyze/ reads (the layers do not import each other)."""
-    assert collect_fetch.LATENCY_BOUNDS_MS == analyze_fetch.LATENCY_BOUNDS_MS
+def test_the_latency_histogram_is_read_by_its_bucket_bounds():
+    """analyze/ reads the buckets collect/ counts into (``core.units.LATENCY_BOUNDS_MS``)."""
+    assert analyze_fetch.LATENCY_BOUNDS_MS is collect_fetch.LATENCY_BOUNDS_MS
     hist = [0] * (len(analyze_fetch.LATENCY_BOUNDS_MS) + 1)
     assert analyze_fetch.quantile_bound(hist, 0.5) is None
     hist[3] = 90  # (1, 2] ms

@@ -6,10 +6,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from pipeprof.core.session import Session
-
-# the latency histogram's bucket bounds, ms, as collect/fetch.py counts them (analyze/ does not
-# import collect/: tests/test_fetch.py holds the two equal)
-LATENCY_BOUNDS_MS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+from pipeprof.core.units import LATENCY_BOUNDS_MS
 
 
 class FetchRow(TypedDict):

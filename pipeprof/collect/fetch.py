@@ -40,9 +40,8 @@ import weakref
 from typing import Any
 
 from pipeprof.core.recorder import clock, counts, recorder
+from pipeprof.core.units import LATENCY_BOUNDS_MS
 
-# upper bounds of the latency histogram's buckets, ms (the last bucket holds everything above)
-LATENCY_BOUNDS_MS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _BOUNDS_NS = [int(b * 1e6) for b in LATENCY_BOUNDS_MS]
 _rec = recorder()
 _ORIG: dict[str, Any] = {}

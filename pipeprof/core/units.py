@@ -1,5 +1,6 @@
 """Numbers as people read them: about three significant digits, percentages, n/a for None;
-and where a hung worker was, as the stderr line and the finding both say it.
+where a hung worker was, as the stderr line and the finding both say it; and the buckets of a
+request latency histogram (collect/fetch.py counts into them, analyze/fetch.py reads them).
 
 Shared by the renderers and by analysis, whose findings and comparisons are sentences.
 """
@@ -7,6 +8,10 @@ Shared by the renderers and by analysis, whose findings and comparisons are sent
 from __future__ import annotations
 
 from typing import Any
+
+# the upper bounds (ms) of a request latency histogram's buckets, as collect/fetch.py counts
+# them and analyze/fetch.py reads them; the last bucket holds everything above
+LATENCY_BOUNDS_MS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def num(value: Any, unit: str = "") -> str:
