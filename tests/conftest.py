@@ -43,10 +43,12 @@ def pytest_collection_modifyitems(config, items):
 
     A ``timing`` test compares a measured duration with the truth its own code logged. On a shared
     virtual machine a burst of stolen CPU can push one run past its bound, so such a test gets two
-    more tries; a wrong measurement fails all three. No other test is re-run: one that fails under
-    load is made not to depend on it, or its cause is found, so that a new flaky test shows at once.
+    more tries, 15 s apart (a landing's CI once failed three tries 2 s apart, in a busy stretch of
+    a few minutes); a wrong measurement fails all three. No other test is re-run: one that fails
+    under load is made not to depend on it, or its cause is found, so that a new flaky test shows
+    at once.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
     for item in items:
         if item.get_closest_marker("timing") is not None:
-            item.add_marker(pytest.mark.flaky(reruns=2, reruns_delay=2))
+            item.add_marker(pytest.mark.flaky(reruns=2, reruns_delay=15))

@@ -213,7 +213,10 @@ def test_hf_callback_profiles_train(hf_api):
     assert 10 <= 1000 * loop["wait_s"] / loop["steps"] <= 25
     r = regions(train)
     assert r["Step"]["count"] == r["Optimizer"]["count"] == 8
-    assert 4 <= r["Step"]["mean_ms"] <= 20  # 4 ms injected before the optimizer step
+    # 4 ms injected before the optimizer step; the region lies within the step's compute (the
+    # wait, 10-25 ms, is outside it), however slow a loaded machine makes the model's own work
+    compute_ms = 1000 * loop["compute_s"] / loop["steps"]
+    assert 4 <= r["Step"]["mean_ms"] <= compute_ms, (r["Step"], compute_ms)
     assert r["Evaluate"]["count"] == 2 and r["Log/Save"]["count"] == 8
     assert val["loop"]["steps"] == 2 * 2 and val["loop"]["epochs"] == 2  # 16 samples, twice
     # the wait's share: 0.29 seen, 0.249 on a loaded machine (the Trainer's own CPU per step

@@ -327,7 +327,7 @@ def test_following_workers_needed_delivers_what_it_promised():
     assert f["fix"] == f"DataLoader(num_workers={need})"
     fixed = DataLoader(dataset, batch_size=8, num_workers=need)
     rates = []
-    for _ in range(2):  # the better of two epochs: a neighbour's burst only ever slows one
+    for _ in range(3):  # the best of three epochs: a neighbour's burst only ever slows some
         arrivals, samples = [], 0
         for x, _ in fixed:
             arrivals.append(clock())
@@ -939,7 +939,10 @@ def test_a_starved_loader_waits_for_its_stage_not_the_hand_over():
     wait = report["wait"]
     assert wait["split_known"] and wait["batches"] == 11
     assert 20 * 0.7 <= wait["starved_ms_per_batch"] <= 20 * 1.3  # 4 × 5 ms, less the overlap
-    assert wait["handover_ms_per_batch"] < 0.25 * wait["starved_ms_per_batch"]
+    # the hand-over: 3.8-4.1 ms quiet (3 ms from a plain loader, stamped in its collate_fn: the
+    # result queue's feeder thread and the training process's wake-up), 5.2 ms once in a loaded
+    # CI. A split the wrong way round would put ~20 ms here.
+    assert wait["handover_ms_per_batch"] < 0.5 * wait["starved_ms_per_batch"]
     assert wait["starved_s"] + wait["handover_s"] == pytest.approx(wait["total_s"], abs=1e-6)
     assert "handover" not in findings(report)
 
