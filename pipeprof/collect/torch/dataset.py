@@ -408,6 +408,15 @@ def twin_dataset(
     loader = _bound_to(getattr(src, "loader", None), dataset, src)
     if wrap_loader and callable(loader) and isinstance(getattr(src, "samples", None), list):
         changes["loader"], plain["loader"] = wrap_loader(loader), loader
+    if _arrow_backed(src):  # NOTE [ Hugging Face datasets ]
+        kwargs = src._format_kwargs
+        fn = kwargs.get("transform") if isinstance(kwargs, dict) else None
+        timed = wrap("transform", fn) if callable(fn) else fn
+        if timed is not fn:
+            changes["_format_kwargs"] = {**kwargs, "transform": timed}
+            plain["_format_kwargs"] = kwargs
+        if wrap_loader and twin is not None:
+            changes["_getitem"] = ArrowRead(twin)
     inner_swaps: list[Swap] = []
     inner = getattr(src, "dataset", None)
     if inner is not None and hasattr(inner, "__getitem__"):
@@ -433,6 +442,38 @@ def twin_dataset(
     if swaps is not None:
         swaps += inner_swaps + [(twin, a, plain[a], changes[a]) for a in plain]
     return twin, notes
+
+
+# NOTE [ Hugging Face datasets ]
+# An Arrow-backed ``datasets.Dataset`` reads a batch in one ``__getitems__`` call: ``_getitem``
+# slices the Arrow table, turns it into Python (or tensors, under ``with_format``), decodes its
+# features (an ``Image`` column's bytes), then calls the function ``with_transform`` or
+# ``set_transform`` left in ``_format_kwargs["transform"]``, once for the whole batch. The copy
+# the profiled loader reads has that function timed as ``transform/<its name>`` (a new
+# ``_format_kwargs`` dict, the user's left as it is), and ``_getitem`` timed as ``load/read``, so
+# ``load/read`` is the Arrow read and formatting, the transform apart from it (it is detached:
+# NOTE [ Stage paths and self time ] in core/recorder.py). ``.map`` ran before the loader did:
+# its output is what the Arrow read reads.
+
+
+def _arrow_backed(dataset: Any) -> bool:
+    """A Hugging Face ``datasets.Dataset`` (map-style, Arrow), without importing ``datasets``."""
+    return any(
+        c.__name__ == "Dataset" and c.__module__ == "datasets.arrow_dataset"
+        for c in type(dataset).__mro__
+    ) and isinstance(getattr(dataset, "__dict__", {}).get("_format_kwargs"), (dict, type(None)))
+
+
+class ArrowRead:
+    """A ``datasets.Dataset`` copy's ``_getitem``, timed as the relative stage ``read``: set on
+    the copy itself, it is pickled with it to spawn workers (NOTE [ Hugging Face datasets ])."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def __call__(self, key: Any, **kwargs: Any) -> Any:
+        owner = self.owner
+        return stage_call1("read", type(owner)._getitem, owner, key, **kwargs)
 
 
 def instrument_dataset(
