@@ -88,3 +88,64 @@ def test_a_dataset_without_a_transform_has_only_its_read():
     stages = _stages(prof.report().to_dict())
     assert stages["load/read"]["count"] == 4
     assert not any(path.startswith("transform") for path in stages), stages
+
+
+MAPS = """
+import sys, time
+from datasets import Dataset, load_from_disk
+from torch.utils.data import DataLoader
+
+
+def double(batch):
+    time.sleep(0.05)  # 50 ms a batch of 64 rows: 0.2 s a map of 256
+    return {"x": [[v * 2 for v in row] for row in batch["x"]]}
+
+
+if __name__ == "__main__":
+    kw = {"batched": True, "batch_size": 64}
+    Dataset.from_dict({"x": [[float(i)] * 8 for i in range(256)]}).map(double, **kw)
+    disk = load_from_disk(sys.argv[1])
+    disk.map(double, **kw)  # computed, its result cached beside the dataset
+    again = disk.map(double, **kw).with_format("torch")  # the same call: from the cache
+    print(sum(float(b["x"].sum()) for b in DataLoader(again, batch_size=32)))
+"""
+
+
+def test_pipeprof_run_says_what_each_map_cost_and_where_its_result_came_from(tmp_path):
+    """Under ``pipeprof run``: an in-memory dataset's ``.map`` (not cached: computed in every
+    run), one on a saved dataset (computed, cached) and the same call again (loaded); the
+    script's output is its plain output (the user's function, and so the cache's fingerprint,
+    untouched)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    datasets.Dataset.from_dict({"x": [[float(i)] * 8 for i in range(256)]}).save_to_disk(
+        str(tmp_path / "data")
+    )
+    (tmp_path / "maps.py").write_text(MAPS)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path[1:]])}
+
+    def script(*pre: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *pre, "maps.py", str(tmp_path / "data")],
+                              capture_output=True, text=True, cwd=tmp_path, env=env,
+                              timeout=240)  # fmt: skip
+
+    plain = script()
+    for cache in (tmp_path / "data").glob("cache-*.arrow"):
+        cache.unlink()  # the profiled run computes the disk map again, as plain did
+    ran = script("-m", "pipeprof", "run", "-q", "-o", "run.json")
+    assert plain.returncode == ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout == plain.stdout == f"{2 * 8 * sum(range(256)):.1f}\n"
+    report = json.loads((tmp_path / "run.json").read_text())
+    maps = report["meta"]["run"]["maps"]
+    assert [(m["function"], m["rows"], m["cache"]) for m in maps] == [
+        ("double", 256, "none"), ("double", 256, "written"), ("double", 256, "loaded")]
+    assert maps[0]["s"] >= 0.2 and maps[1]["s"] >= 0.2  # four batches of 50 ms each
+    assert maps[2]["s"] < 0.5 * maps[1]["s"]
+    notes = [n for n in report["notes"] if n.startswith("Dataset.map(double)")]
+    assert len(notes) == 3 and "every run computes it again" in notes[0]
+    assert "loaded from the datasets cache" in notes[2]

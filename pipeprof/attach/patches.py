@@ -15,6 +15,8 @@ ends. One function per framework:
 4. Lightning and Hugging Face: ``patch_lightning`` and ``patch_hf``, pipeprof's callback of that
    framework added to ``Trainer.fit`` / ``Trainer.train`` (attach/lightning.py, attach/hf.py),
    which routes the trainer's loaders itself.
+5. Hugging Face ``datasets``: ``patch_datasets``, each ``Dataset.map`` timed and whether its
+   result came from the cache (said in the report's notes).
 
 A patch reads the run through the public names of the ``Run`` protocol below (``local``,
 ``profiled_pass``, ``loaders``, ``samplers``, ``comm_clock``...).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -40,6 +43,7 @@ class Run(Protocol):
     sample_hz: float
     regions: bool  # Forward / Backward / Optimizer timed in the steps
     notes: list[str]
+    maps: list[dict[str, Any]]  # ``Dataset.map`` calls (patch_datasets)
     step: Any  # the step's regions (attach/regions.py): ``step.seen``, those seen
     loaders: Any  # the run's table, and where each loader was made (attach/labels.py)
     patches: Patches
@@ -486,6 +490,67 @@ def patch_distributed(run: Run) -> None:
 
 
 # (the module whose import installs it, the patch), in the order they are installed
+def patch_datasets(run: Run) -> None:
+    """Hugging Face ``Dataset.map``, timed where the script calls it (the outermost call: a
+    ``DatasetDict.map`` is one per split), with where its result came from. The user's function
+    is passed on untouched, so the cache's fingerprint of the call is the same."""
+    cls = sys.modules["datasets.arrow_dataset"].Dataset
+    orig = cls.map
+    depth = [0]
+
+    @functools.wraps(orig)
+    def map(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if run.stopped or depth[0] or os.getpid() != run.pid:
+            return orig(self, *args, **kwargs)
+        depth[0] += 1
+        wall, t0 = time.time(), clock()
+        try:
+            out = orig(self, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+        function = args[0] if args else kwargs.get("function")
+        row = map_row(function, len(self), clock() - t0, wall, self, out)
+        run.maps.append(row)
+        run.notes.append(map_note(row))
+        return out
+
+    run.patches.replace(cls, "map", map)
+
+
+def map_row(
+    function: Any, rows: int, ns: int, wall: float, before: Any, out: Any
+) -> dict[str, Any]:
+    """A ``Dataset.map`` call: its function's name, rows, seconds, and ``cache``: ``"loaded"``
+    (its result's cache file is older than the call), ``"written"`` (made by the call) or
+    ``"none"`` (an in-memory dataset: not cached, computed in every run)."""
+    from pipeprof.collect.torch.dataset import name_of
+
+    files = [f.get("filename") for f in getattr(out, "cache_files", None) or []]
+    fresh = [f for f in files if f and f not in [g.get("filename") for g in before.cache_files]]
+    if not files:
+        cache = "none"
+    elif fresh and all(os.path.getmtime(f) < wall for f in fresh if os.path.exists(f)):
+        cache = "loaded"
+    else:
+        cache = "written"
+    name = name_of(function) if function is not None else None
+    return {"function": name, "rows": rows, "s": round(ns / 1e9, 6), "cache": cache}
+
+
+def map_note(row: dict[str, Any]) -> str:
+    """What a ``Dataset.map`` call cost the run, and what a next run pays for it."""
+    said = {
+        "loaded": "loaded from the datasets cache",
+        "written": "computed and cached: a run with the same function and arguments loads it",
+        "none": "computed and not cached (an in-memory dataset): every run computes it again; "
+        "save_to_disk() once and load_from_disk(), or pass cache_file_name=, to keep it",
+    }[row["cache"]]
+    return (
+        f"Dataset.map({row['function'] or ''}): {row['s']:.3g} s over "
+        f"{row['rows']:,} rows, {said}"
+    )
+
+
 PATCHES: tuple[tuple[str, Callable[[Run], None]], ...] = (
     ("torch", patch_torch),
     ("tensorflow", patch_tf),
@@ -493,4 +558,5 @@ PATCHES: tuple[tuple[str, Callable[[Run], None]], ...] = (
     ("lightning.pytorch.trainer.trainer", patch_lightning),
     ("pytorch_lightning.trainer.trainer", patch_lightning),
     ("transformers.trainer", patch_hf),
+    ("datasets.arrow_dataset", patch_datasets),
 )

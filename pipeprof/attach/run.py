@@ -233,6 +233,7 @@ class Run:
         self.profiled = 0  # batches profiled so far
         self.stopped = False  # profiling over (--batches reached, or the script ended)
         self.notes: list[str] = []
+        self.maps: list[dict[str, Any]] = []  # Hugging Face ``Dataset.map`` calls (patch_datasets)
         self.local = Inside()  # attach/passes.py
         self.patches = Patches()  # NOTE [ Patches ] in attach/patches.py
         self.samplers = RunSamplers(sample_hz)
@@ -559,6 +560,7 @@ class Run:
                          "steps": e.session.loop.steps}
                         for e in used
                     ],
+                    "maps": self.maps,
                 }  # fmt: skip
                 s.notes.extend(self.notes)
                 if entry.prof is not None and entry.callback is None and "torch" in sys.modules:
