@@ -35,61 +35,40 @@ Not covered: clients with their own HTTP stack (``aiohttp``, which fsspec's HTTP
 from __future__ import annotations
 
 import bisect
+import functools
+import http.client as hc
 import threading
 import weakref
 from typing import Any
 
+from pipeprof.collect.patch import ClassPatch
 from pipeprof.core.recorder import clock, counts, recorder
 from pipeprof.core.units import LATENCY_BOUNDS_MS
 
 _BOUNDS_NS = [int(b * 1e6) for b in LATENCY_BOUNDS_MS]
 _rec = recorder()
-_ORIG: dict[str, Any] = {}
-_installed = [0]
-_lock = threading.Lock()
 _inside = threading.local()  # a body read inside another (read(n) calls readinto)
 _HOSTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # response -> host
+
+
+def _patched(cls: str) -> Any:
+    return getattr(hc, cls)
 
 
 def install() -> bool:
     """Time ``http.client`` requests in this process (NOTE [ Timing network reads ]). Pair
     each call with ``uninstall``."""
-    import http.client as hc
-
-    with _lock:
-        if hc.HTTPConnection.__dict__.get("getresponse") is not _getresponse:
-            _ORIG["getresponse"] = hc.HTTPConnection.__dict__["getresponse"]
-            _ORIG["read"] = hc.HTTPResponse.__dict__["read"]
-            _ORIG["readinto"] = hc.HTTPResponse.__dict__["readinto"]
-            hc.HTTPConnection.getresponse = _getresponse  # type: ignore[method-assign]
-            hc.HTTPResponse.read = _read  # type: ignore[method-assign]
-            hc.HTTPResponse.readinto = _readinto  # type: ignore[method-assign]
-        _installed[0] += 1
-    return True
+    return _PATCH.install()
 
 
 def uninstall() -> None:
     """Undo one ``install``; the last puts the originals back (if ours are still there)."""
-    import http.client as hc
-
-    with _lock:
-        _installed[0] = max(0, _installed[0] - 1)
-        if _installed[0] or not _ORIG:
-            return
-        for cls, name, mine in (
-            (hc.HTTPConnection, "getresponse", _getresponse),
-            (hc.HTTPResponse, "read", _read),
-            (hc.HTTPResponse, "readinto", _readinto),
-        ):
-            if cls.__dict__.get(name) is mine:
-                setattr(cls, name, _ORIG[name])
+    _PATCH.uninstall()
 
 
 def installed() -> bool:
     """Whether ``http.client``'s methods are pipeprof's in this process now."""
-    import http.client as hc
-
-    return hc.HTTPConnection.__dict__.get("getresponse") is _getresponse
+    return _PATCH.installed()
 
 
 def _piped() -> bool:
@@ -203,3 +182,14 @@ def _host(obj: Any) -> str:
     if isinstance(obj, hc.HTTPResponse):
         return _HOSTS.get(obj, "?")
     return f"{obj.host}:{obj.port}"
+
+
+# NOTE [ Counted class patches ] in collect/patch.py; the originals, which ours call, in _ORIG
+_PATCH = ClassPatch(
+    [
+        (functools.partial(_patched, "HTTPConnection"), "getresponse", _getresponse),
+        (functools.partial(_patched, "HTTPResponse"), "read", _read),
+        (functools.partial(_patched, "HTTPResponse"), "readinto", _readinto),
+    ]
+)
+_ORIG = _PATCH.orig

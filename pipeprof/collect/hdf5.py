@@ -11,7 +11,8 @@ dunders up on the type, so a class attribute reaches it) and ``read_direct`` (al
 originals with the same arguments and return what they return: in a worker when it starts
 (``WorkerInit``; the process is the profiled loader's own), and in the main process for as long
 as a profiled pass runs (``install``/``uninstall``, counted, so nested profiles share one
-patch); when the last pass ends the originals go back, unless someone replaced ours meanwhile.
+patch: NOTE [ Counted class patches ] in collect/patch.py); when the last pass ends the
+originals go back, unless someone replaced ours meanwhile.
 While the recorder is off a read pays one attribute read more. Wrapping the user's h5py objects
 instead would need them to exist before the workers start (in the lazy pattern they do not),
 would change ``type(dset)``, and would miss handles opened later.
@@ -39,20 +40,17 @@ from __future__ import annotations
 
 import itertools
 import sys
-import threading
 import types
 import weakref
 from typing import Any
 
+from pipeprof.collect.patch import ClassPatch
 from pipeprof.core.recorder import clock, counts, recorder
 
 EXACT_CHUNKS = 8  # chunks a read may touch and still have each one's stored size looked up
 _MEMO_LIMIT = 4096  # stored chunk sizes remembered per dataset
 _CACHE_LIMIT = 256  # datasets whose layout is remembered per process
 _rec = recorder()
-_ORIG: dict[str, Any] = {}
-_installed = [0]
-_lock = threading.Lock()
 
 # h5z filter ids as HDF5 defines them (H5Zpublic.h) and lzf's registered id
 _FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset",
@@ -62,37 +60,22 @@ _FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "
 def install() -> bool:
     """Time h5py reads in this process (NOTE [ Timing h5py reads ]); False when h5py is not
     imported. Pair each True with ``uninstall``."""
-    h5py = sys.modules.get("h5py")
-    if h5py is None:
-        return False
-    cls = h5py.Dataset
-    with _lock:
-        if cls.__dict__.get("__getitem__") is not _getitem:
-            _ORIG["__getitem__"] = cls.__dict__["__getitem__"]
-            _ORIG["read_direct"] = cls.__dict__["read_direct"]
-            cls.__getitem__ = _getitem
-            cls.read_direct = _read_direct
-        _installed[0] += 1
-    return True
+    return _PATCH.install()
 
 
 def uninstall() -> None:
     """Undo one ``install``; the last puts h5py's own methods back (if ours are still there)."""
-    h5py = sys.modules.get("h5py")
-    with _lock:
-        _installed[0] = max(0, _installed[0] - 1)
-        if _installed[0] or h5py is None or not _ORIG:
-            return
-        cls = h5py.Dataset
-        for name, mine in (("__getitem__", _getitem), ("read_direct", _read_direct)):
-            if cls.__dict__.get(name) is mine:
-                setattr(cls, name, _ORIG[name])
+    _PATCH.uninstall()
 
 
 def installed() -> bool:
     """Whether h5py's read methods are pipeprof's in this process now."""
+    return _PATCH.installed()
+
+
+def _h5_dataset() -> Any:
     h5py = sys.modules.get("h5py")
-    return h5py is not None and h5py.Dataset.__dict__.get("__getitem__") is _getitem
+    return None if h5py is None else h5py.Dataset
 
 
 def _getitem(self: Any, args: Any, new_dtype: Any = None) -> Any:
@@ -448,3 +431,10 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
     if not isinstance(attrs, dict):
         return []
     return [(f".{k}", v) for k, v in attrs.items()]
+
+
+# NOTE [ Counted class patches ] in collect/patch.py; the originals, which ours call, in _ORIG
+_PATCH = ClassPatch(
+    [(_h5_dataset, "__getitem__", _getitem), (_h5_dataset, "read_direct", _read_direct)]
+)
+_ORIG = _PATCH.orig

@@ -1,0 +1,61 @@
+"""Methods of a library's classes replaced with pipeprof's while profiles need them: h5py's reads
+(collect/hdf5.py), ``http.client``'s (collect/fetch.py), a tokenizer's call (collect/tokenize.py).
+
+NOTE [ Counted class patches ]
+A collector installs its patch where reads are profiled: in a DataLoader worker for its whole
+life, in the training process for a pass (``num_workers=0``). Profiles can overlap (two loaders'
+passes, a nested ``profile()``), so installs are counted under a lock: the first replaces the
+methods, the last ``uninstall`` puts the originals back, and only where pipeprof's are still in
+place (a library patched again by someone else after pipeprof is left as it is). The originals
+stay in ``orig`` by method name, where the replacements call them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+Target = tuple[Callable[[], Any], str, Callable[..., Any]]  # (the class, or None; name; ours)
+
+
+class ClassPatch:
+    """``targets``: for each method, a function that finds its class (None: the library is not
+    imported, nothing to patch), the method's name, and pipeprof's replacement."""
+
+    def __init__(self, targets: list[Target]) -> None:
+        self.targets = targets
+        self.orig: dict[str, Any] = {}
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def install(self) -> bool:
+        """The replacements in place (counted); False, with nothing counted, where a class is
+        not there to patch. Pair each True with ``uninstall``."""
+        classes = [find() for find, _, _ in self.targets]
+        if any(cls is None for cls in classes):
+            return False
+        with self._lock:
+            for cls, (_, name, mine) in zip(classes, self.targets):
+                if cls.__dict__.get(name) is not mine:
+                    self.orig[name] = cls.__dict__[name]
+                    setattr(cls, name, mine)
+            self._count += 1
+        return True
+
+    def uninstall(self) -> None:
+        """Undo one ``install``; the last puts the originals back where ours are still there."""
+        with self._lock:
+            self._count = max(0, self._count - 1)
+            if self._count or not self.orig:
+                return
+            for find, name, mine in self.targets:
+                cls = find()
+                if cls is not None and cls.__dict__.get(name) is mine:
+                    setattr(cls, name, self.orig[name])
+
+    def installed(self) -> bool:
+        """Whether pipeprof's methods are in place in this process now."""
+        find, name, mine = self.targets[0]
+        cls = find()
+        return cls is not None and cls.__dict__.get(name) is mine
