@@ -73,3 +73,87 @@ def test_batches_without_an_attention_mask_have_no_token_figures():
     loader = DataLoader([{"x": torch.ones(3)} for _ in range(8)], batch_size=4)
     d = pipeprof.profile(loader).to_dict()
     assert "tokens" not in d
+
+
+class RawTexts(Dataset):  # type: ignore[type-arg]
+    """The same 32 texts, untokenized: the collate_fn tokenizes a batch a call."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> str:
+        return " ".join(WORDS[(i + k) % 32] for k in range(1 + i % 16))
+
+
+class TokenizeBatch:
+    def __init__(self, tok) -> None:  # type: ignore[no-untyped-def]
+        self.tok = tok
+
+    def __call__(self, texts):  # type: ignore[no-untyped-def]
+        return self.tok(texts, padding=True, return_tensors="pt")
+
+
+@pytest.mark.parametrize("context", [None, "fork", "spawn"])
+def test_a_tokenizer_called_once_a_text_is_a_stage_and_the_fix_says_once_a_batch(context):
+    """``__getitem__`` tokenizes its text (32 calls of one text): ``load/tokenize``, a fast
+    tokenizer's, counted in the training process and in 2 workers (a spawned one patches its
+    own class); the verdict's stage, and the fix is to call it once a batch
+    (benchmarks/tokenize_batched.py followed it)."""
+    from transformers import DataCollatorWithPadding
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    plain_call = PreTrainedTokenizerBase.__call__
+    data = Texts([1, 2, 4, 8, 16, 32])
+    kw = {"num_workers": 2, "multiprocessing_context": context} if context else {}
+    collate = DataCollatorWithPadding(data.tok, return_tensors="pt")
+    loader = DataLoader(data, batch_size=4, collate_fn=collate, **kw)
+    report = pipeprof.profile(loader).to_dict()
+    assert PreTrainedTokenizerBase.__call__ is plain_call  # put back once the profile ends
+    assert report["stages"]["load/tokenize"]["count"] == 32
+    tok = report["tokens"]["tokenizer"]
+    assert (tok["calls"], tok["texts"], tok["fast_share"], tok["releases_gil"]) == (32, 32, 1, True)
+    assert report["verdict"]["stage"] == "load/tokenize"
+    dominant = next(f for f in report["findings"] if f["id"] == "dominant-stage")
+    assert "called once a text" in dominant["fix"] and "once a batch" in dominant["fix"]
+
+
+def test_a_batch_a_call_in_the_collate_fn_counts_each_text():
+    """The fix followed: the collate_fn tokenizes a batch's 4 texts in one call
+    (``collate/tokenize``, 8 calls of 4 texts), and the batches are the plain loader's."""
+    tok = _tokenizer()
+    loader = DataLoader(RawTexts(), batch_size=4, collate_fn=TokenizeBatch(tok))
+    plain = list(loader)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        got = list(prof.wrap(loader))
+    for a, b in zip(plain, got):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    report = prof.report().to_dict()
+    assert report["stages"]["collate/tokenize"]["count"] == 8
+    assert report["tokens"]["tokenizer"]["texts"] == 32
+    assert report["tokens"]["tokenizer"]["calls"] == 8
+
+
+def test_the_loops_own_tokenizer_calls_are_not_the_pipelines():
+    """The near miss: the loop tokenizes between batches (a prompt for logging); the dataset
+    gives tensors. No tokenize stage, no tokenizer figures."""
+    tok = _tokenizer()
+    loader = DataLoader([torch.ones(3) for _ in range(16)], batch_size=4)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(loader):
+            tok("w1 w2 w3")
+    report = prof.report().to_dict()
+    assert not any(path.endswith("tokenize") for path in report["stages"])
+    assert "tokens" not in report
+
+
+def test_the_tokenize_fix_follows_what_the_calls_were():
+    from pipeprof.analyze.rules import tokenize_fix
+
+    def calls(texts: int, fast: bool | None) -> dict:
+        return {"calls": 10, "texts": texts, "ms_per_call": 0.2, "releases_gil": fast}
+
+    assert "called once a text (0.2 ms a call)" in tokenize_fix(calls(10, True))
+    assert "use_fast=True" in tokenize_fix(calls(320, False))
+    assert "save_to_disk" in tokenize_fix(calls(320, True))

@@ -77,6 +77,29 @@ def fetch_fix(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def tokenize_fix(tok: dict[str, Any]) -> str:
+    """The fix for a pipeline limited by its tokenizer's calls (docs/tokens.md): by how many
+    texts a call took and whether the tokenizer releases the GIL."""
+    per_call = tok["texts"] / tok["calls"]
+    if per_call < 2:
+        return (
+            f"the tokenizer is called once a text ({tok['ms_per_call']:.3g} ms a call): worth "
+            "trying, judged by the whole pipeline: call it once a batch, with the batch's texts, "
+            "in the collate_fn (tokenizer(texts, padding=True, return_tensors='pt')) or in a "
+            "batched .map(), which encodes the list in one call"
+            + (", in Rust" if tok["releases_gil"] else "")
+        )
+    if tok["releases_gil"] is False:
+        return (
+            "a Python tokenizer holds the GIL while it encodes: load the fast one "
+            "(AutoTokenizer.from_pretrained(..., use_fast=True)), or run it in more workers"
+        )
+    return (
+        f"the tokenizer already takes {per_call:.3g} texts a call: tokenize once, ahead, with a "
+        "batched .map() saved with save_to_disk(), so that each epoch reads token ids"
+    )
+
+
 def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
     path, total = facts["limiting"], facts["pipeline_s"]
     if path is None or not total or report.get("framework") == "tf":  # tf: see tf_rules.py
@@ -89,6 +112,8 @@ def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Findin
         fix = collate_fix(report.get("meta") or {})
     elif path.endswith("/fetch") and report.get("fetch"):
         fix = fetch_fix(report["fetch"])
+    elif path.endswith("/tokenize") and (report.get("tokens") or {}).get("tokenizer"):
+        fix = tokenize_fix(report["tokens"]["tokenizer"])
     elif path in _FIXES:
         fix = _FIXES[path]
     elif path.startswith("transform/"):

@@ -1,5 +1,5 @@
 """Methods of a library's classes replaced with pipeprof's while profiles need them: h5py's reads
-(collect/hdf5.py), ``http.client``'s (collect/fetch.py), a tokenizer's call (collect/tokenize.py).
+(collect/hdf5.py), ``http.client``'s (collect/fetch.py), a tokenizer's call (collect/tokenizer.py).
 
 NOTE [ Counted class patches ]
 A collector installs its patch where reads are profiled: in a DataLoader worker for its whole

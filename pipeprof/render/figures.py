@@ -313,11 +313,28 @@ def fetch_table(data: dict[str, Any]) -> list[list[str]]:
 def padding_line(data: dict[str, Any]) -> str | None:
     """The token batches' padding (NOTE [ Padding ] in analyze/tokens.py), or None."""
     t = data.get("tokens")
-    if not t:
+    if not t or t.get("padding_share") is None:
         return None
     return (
         f"padding: {pct(t['padding_share'])} of the tokens are pad tokens "
         f"({t['pad_tokens']:,} of {t['tokens']:,}, attention masks of {t['batches']:,} batches)"
+    )
+
+
+def tokenizer_line(data: dict[str, Any]) -> str | None:
+    """The tokenizer's calls in the pipeline (NOTE [ Tokenizer calls ] in
+    collect/tokenizer.py), or None."""
+    tok = (data.get("tokens") or {}).get("tokenizer")
+    if not tok:
+        return None
+    gil = {
+        True: "a fast tokenizer: it encodes with the GIL released",
+        False: "a Python tokenizer: it holds the GIL, so only worker processes run it in parallel",
+        None: "fast and Python tokenizers both",
+    }[tok["releases_gil"]]
+    return (
+        f"tokenizer: {tok['calls']:,} calls of {tok['texts'] / tok['calls']:.3g} texts, "
+        f"{tok['ms_per_call']:.3g} ms a call ({tok['ms_per_text']:.3g} ms a text); {gil}"
     )
 
 

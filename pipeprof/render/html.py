@@ -33,6 +33,7 @@ from pipeprof.render.figures import (
     padding_line,
     pct,
     sampling_line,
+    tokenizer_line,
     top_total,
     util,
     visible,
@@ -118,6 +119,7 @@ def stage_rows(data: dict[str, Any]) -> str:
         "</table>"
         + (f'<p class="dim">{escape(line)}</p>' if (line := sampling_line(data)) else "")
         + (f'<p class="dim">{escape(pad)}</p>' if (pad := padding_line(data)) else "")
+        + (f'<p class="dim">{escape(tok)}</p>' if (tok := tokenizer_line(data)) else "")
     )
 
 

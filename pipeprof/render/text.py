@@ -42,6 +42,7 @@ from pipeprof.render.figures import (
     padding_line,
     pct,
     sampling_line,
+    tokenizer_line,
     top_total,
     util,
     visible,
@@ -217,7 +218,7 @@ def stagetable(data: dict[str, Any]) -> RenderableType | None:
             num(row.get("p95_ms")),
             bar(share),
         )
-    lines = [x for x in (sampling_line(data), padding_line(data)) if x]
+    lines = [x for x in (sampling_line(data), padding_line(data), tokenizer_line(data)) if x]
     return Group(t, Text("\n".join(lines), style="dim")) if lines else t
 
 

@@ -54,7 +54,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from pipeprof.collect import fetch as netreads
-from pipeprof.collect import hdf5, ranks
+from pipeprof.collect import hdf5, ranks, tokenizer
 from pipeprof.collect.loop import HANG_S
 from pipeprof.collect.torch import epochs, hangs, memory, shm
 from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
@@ -585,6 +585,7 @@ class WorkerInit:
                 pass
             hdf5.install()  # for the worker's life: the process is the profiled loader's own
         netreads.install()  # NOTE [ Timing network reads ] in collect/fetch.py, as h5py's
+        tokenizer.install()  # NOTE [ Tokenizer calls ] in collect/tokenizer.py, the same way
         if self.fn is not None:  # it sees the dataset's own transforms, not their stand-ins
             plain = set_swaps(self.swaps, plain=True)
             try:
@@ -841,10 +842,11 @@ class ProfiledLoader:
         rec = recorder()
         mine, first_profile = rec.begin()
         self._sinks = (mine, first_profile)
-        h5 = net = False
+        h5 = net = tok = False
         try:
             h5 = hdf5.install()  # reads in this process (num_workers=0) are timed while it runs
             net = netreads.install()
+            tok = tokenizer.install()
             if isinstance(self.loader.collate_fn, Collate):  # NOTE [ Index sketches ]
                 first = self.passes == 1
                 self.loader.collate_fn.sketch = first and ranks.from_env().distributed
@@ -950,6 +952,8 @@ class ProfiledLoader:
                     hdf5.uninstall()
                 if net:
                     netreads.uninstall()
+                if tok:
+                    tokenizer.uninstall()
 
     def _fetch(
         self, fetch: Any, off: bool, measure: bool, rec: Any
