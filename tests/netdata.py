@@ -18,11 +18,44 @@ BODY = 64 * 1024  # bytes a response
 LATENCY_S = 0.02  # the server's wait before it answers
 
 
+SHARD_SAMPLES = 16  # a WebDataset shard's samples
+
+
+def shard(i: int) -> bytes:
+    """WebDataset shard ``i``: a tar of SHARD_SAMPLES samples, each a ``.npy`` 32x32 float32
+    array of its number and a ``.cls`` label."""
+    import io
+    import tarfile
+
+    import numpy as np
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for k in range(SHARD_SAMPLES):
+            n = i * SHARD_SAMPLES + k
+            array = io.BytesIO()
+            np.save(array, np.full((32, 32), n, dtype=np.float32))
+            for ext, data in (("npy", array.getvalue()), ("cls", str(n % 10).encode())):
+                info = tarfile.TarInfo(f"{n:06d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
 class _Handler(BaseHTTPRequestHandler):
     """``/<i>``: LATENCY_S, then the body at once; ``/slow/<i>``: the headers at once, then
-    the body in 16 parts 1.5 ms apart (a transfer-bound fetch)."""
+    the body in 16 parts 1.5 ms apart (a transfer-bound fetch); ``/shard-<i>.tar``: LATENCY_S,
+    then WebDataset shard ``i``."""
 
     def do_GET(self) -> None:
+        if self.path.startswith("/shard-"):
+            time.sleep(LATENCY_S)
+            body = shard(int(self.path[len("/shard-") : -len(".tar")]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         slow = self.path.startswith("/slow/")
         if not slow:
             time.sleep(LATENCY_S)

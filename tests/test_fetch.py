@@ -157,3 +157,52 @@ def test_the_latency_histogram_is_read_by_its_bucket_bounds():
     assert analyze_fetch.quantile_bound(hist, 0.95) == 16.0
     hist[-1] = 100  # past the last bound: not known
     assert analyze_fetch.quantile_bound(hist, 0.95) is None
+
+
+def _webdataset(url: str, shards: int):  # type: ignore[no-untyped-def]
+    import webdataset as wds
+
+    urls = [f"{url}shard-{i}.tar" for i in range(shards)]
+    return wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode().to_tuple(
+        "npy", "cls"
+    )
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_webdatasets_shard_streams_are_the_fetch_stage(workers, context):
+    """WebDataset reads http shards through curl's pipe, not http.client: each of the 4 shards
+    (20 ms before the server answers) is one request with its bytes, under ``load/fetch``; the
+    samples are the plain loader's. 2 workers split the shards 2 and 2."""
+    pytest.importorskip("webdataset")
+    from netdata import SHARD_SAMPLES, shard
+
+    kw = {"num_workers": workers, "multiprocessing_context": context} if workers else {}
+    with server() as url:
+        loader = DataLoader(_webdataset(url, 4), batch_size=8, **kw)
+        plain = list(loader)
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            got = list(prof.wrap(loader))
+    assert len(got) == len(plain) == 4 * SHARD_SAMPLES // 8
+    for (x, y), (a, b) in zip(plain, got):
+        assert torch.equal(x, a) and torch.equal(y, b)
+    report = prof.report().to_dict()
+    (row,) = report["fetch"]
+    assert row["host"] == url.split("/")[2]
+    assert row["requests"] == 4 and row["bytes"] == sum(len(shard(i)) for i in range(4))
+    assert row["latency_ms_mean"] >= 20  # the server's wait, and curl's start
+    assert report["stages"]["load/fetch"]["total_s"] >= 4 * 0.020
+
+
+def test_local_shards_have_no_fetch_stage(tmp_path):
+    """The near miss: the same shards from local files are read, not fetched."""
+    pytest.importorskip("webdataset")
+    import webdataset as wds
+    from netdata import shard
+
+    for i in range(2):
+        (tmp_path / f"shard-{i}.tar").write_bytes(shard(i))
+    files = [str(tmp_path / f"shard-{i}.tar") for i in range(2)]
+    data = wds.WebDataset(files, shardshuffle=False, empty_check=False).decode()
+    report = pipeprof.profile(DataLoader(data.to_tuple("npy", "cls"), batch_size=8)).to_dict()
+    assert not report.get("fetch") and "load/fetch" not in report["stages"]

@@ -9,7 +9,11 @@ request passes through public methods of two public classes there:
 1. ``HTTPConnection.getresponse()``: from the request sent to the response's headers read, the
    request's latency (the server's time to first byte, and the network's round trip);
 2. ``HTTPResponse.read()`` and ``readinto()``: the body, as the client reads it (Python 3.10's
-   ``read(n)`` calls ``readinto`` itself: the inner call is neither timed nor counted again).
+   ``read(n)`` calls ``readinto`` itself: the inner call is neither timed nor counted again);
+3. WebDataset reads ``http(s)://`` shards through a ``curl`` process's pipe, not ``http.client``:
+   its ``webdataset.gopen.Pipe.read`` (``install_pipes``, once ``webdataset`` is imported). A
+   stream is one request: its first read, the wait for the first bytes (curl's start included),
+   is the latency; the later reads are the body.
 
 pipeprof replaces those three on the classes, with functions that call the originals with the
 same arguments and return what they return, in the processes and for the time that h5py's reads
@@ -37,6 +41,7 @@ from __future__ import annotations
 import bisect
 import functools
 import http.client as hc
+import sys
 import threading
 import weakref
 from typing import Any
@@ -126,6 +131,61 @@ def _readinto(self: Any, b: Any) -> int:
         _count(self, ns, n)
 
 
+def install_pipes() -> bool:
+    """Time WebDataset's shard streams in this process (NOTE [ Timing network reads ], 3.);
+    False while ``webdataset`` is not imported. Pair each True with ``uninstall_pipes``."""
+    return _PIPES.install()
+
+
+def uninstall_pipes() -> None:
+    _PIPES.uninstall()
+
+
+def _pipe_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
+    if getattr(_inside, "on", False) or not _piped():
+        return _PIPES.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
+    _inside.on = True
+    frame, t0 = _open()
+    out = b""
+    try:
+        out = _PIPES.orig["read"](self, *args, **kwargs)
+        return out  # type: ignore[no-any-return]
+    finally:
+        _inside.on = False
+        ns = _close(frame, t0)
+        try:
+            first = self not in _HOSTS
+            if first:
+                _HOSTS[self] = _pipe_host(self)
+        except TypeError:  # not weakly referable: every read counts as a body's
+            first = False
+        if first:  # the stream's first bytes: its request's latency (the command's start too)
+            _count(self, ns, None)
+            _count(self, 0, len(out))
+        else:
+            _count(self, ns, len(out))
+
+
+def _pipe_host(pipe: Any) -> str:
+    """The ``host:port`` a shard stream's command reads from (``curl ... URL``), else
+    ``"pipe"`` (a ``pipe:`` command pipeprof cannot read a host from)."""
+    from urllib.parse import urlsplit
+
+    cmd = pipe.args[0][0] if pipe.args and pipe.args[0] else None
+    words = cmd.split() if isinstance(cmd, str) else list(cmd or ())
+    for word in words:
+        if isinstance(word, str) and word.startswith(("http://", "https://")):
+            url = urlsplit(word)
+            port = url.port or (443 if url.scheme == "https" else 80)
+            return f"{url.hostname}:{port}"
+    return "pipe"
+
+
+def _wds_pipe() -> Any:
+    module = sys.modules.get("webdataset.gopen")
+    return None if module is None else module.Pipe
+
+
 def _open() -> tuple[Any, int]:
     rec = _rec
     inside = rec.innermost
@@ -176,11 +236,12 @@ def _entry() -> dict[str, Any]:
 
 def _host(obj: Any) -> str:
     """``host:port`` of a connection, or of a response's (noted when it came: http.client
-    keeps no link from a response to its connection)."""
-    import http.client as hc
-
-    if isinstance(obj, hc.HTTPResponse):
-        return _HOSTS.get(obj, "?")
+    keeps no link from a response to its connection) or a shard stream's (its command's URL)."""
+    if not isinstance(obj, hc.HTTPConnection):  # a response, or a shard stream's pipe
+        try:
+            return _HOSTS.get(obj, "?")
+        except TypeError:
+            return "?"
     return f"{obj.host}:{obj.port}"
 
 
@@ -193,3 +254,4 @@ _PATCH = ClassPatch(
     ]
 )
 _ORIG = _PATCH.orig
+_PIPES = ClassPatch([(_wds_pipe, "read", _pipe_read)])  # WebDataset's curl streams

@@ -585,6 +585,7 @@ class WorkerInit:
                 pass
             hdf5.install()  # for the worker's life: the process is the profiled loader's own
         netreads.install()  # NOTE [ Timing network reads ] in collect/fetch.py, as h5py's
+        netreads.install_pipes()
         tokenizer.install()  # NOTE [ Tokenizer calls ] in collect/tokenizer.py, the same way
         if self.fn is not None:  # it sees the dataset's own transforms, not their stand-ins
             plain = set_swaps(self.swaps, plain=True)
@@ -842,10 +843,11 @@ class ProfiledLoader:
         rec = recorder()
         mine, first_profile = rec.begin()
         self._sinks = (mine, first_profile)
-        h5 = net = tok = False
+        h5 = net = pipes = tok = False
         try:
             h5 = hdf5.install()  # reads in this process (num_workers=0) are timed while it runs
             net = netreads.install()
+            pipes = netreads.install_pipes()
             tok = tokenizer.install()
             if isinstance(self.loader.collate_fn, Collate):  # NOTE [ Index sketches ]
                 first = self.passes == 1
@@ -952,6 +954,8 @@ class ProfiledLoader:
                     hdf5.uninstall()
                 if net:
                     netreads.uninstall()
+                if pipes:
+                    netreads.uninstall_pipes()
                 if tok:
                     tokenizer.uninstall()
 
