@@ -191,7 +191,7 @@ def test_webdatasets_shard_streams_are_the_fetch_stage(workers, context):
     assert row["host"] == url.split("/")[2]
     assert row["requests"] == 4 and row["bytes"] == sum(len(shard(i)) for i in range(4))
     assert row["latency_ms_mean"] >= 20  # the server's wait, and curl's start
-    assert report["stages"]["load/fetch"]["total_s"] >= 4 * 0.020
+    assert report["stages"]["load/tar_file_expander/fetch"]["total_s"] >= 4 * 0.020
 
 
 def test_local_shards_have_no_fetch_stage(tmp_path):

@@ -408,6 +408,8 @@ def twin_dataset(
     loader = _bound_to(getattr(src, "loader", None), dataset, src)
     if wrap_loader and callable(loader) and isinstance(getattr(src, "samples", None), list):
         changes["loader"], plain["loader"] = wrap_loader(loader), loader
+    if _wds_pipeline(src) and twin is not None:  # NOTE [ WebDataset pipelines ]
+        changes["invoke"] = TimedInvoke(twin)
     if _arrow_backed(src):  # NOTE [ Hugging Face datasets ]
         kwargs = src._format_kwargs
         fn = kwargs.get("transform") if isinstance(kwargs, dict) else None
@@ -442,6 +444,92 @@ def twin_dataset(
     if swaps is not None:
         swaps += inner_swaps + [(twin, a, plain[a], changes[a]) for a in plain]
     return twin, notes
+
+
+# NOTE [ WebDataset pipelines ]
+# A WebDataset (``webdataset.DataPipeline``) is a list of steps, each turning the previous one's
+# iterator into its own: the shard list, the split by worker, opening each shard (``open``), the
+# tar's members (``tar_file_expander``), grouped into samples (``group_by_keys``), then what the
+# user chained: ``decode``, ``map``, ``to_tuple``, ``shuffle``, ``batched``... The copy the
+# profiled loader reads makes each step's iterator through ``TimedInvoke`` (its own ``invoke``;
+# the steps stay the user's), so that every ``next()`` on the iterator of a step after the shard
+# list is the absolute stage ``load/<step>``, and ``load`` is their sum (the loader's own
+# ``load`` is not opened around them). Absolute stages are detached from the ones around them
+# (NOTE [ Stage paths and self time ] in core/recorder.py), so each step gets its own time, not
+# the time of the steps it pulls from. Shard streams fetched over HTTP are ``fetch`` inside the
+# step that reads them (NOTE [ Timing network reads ] in collect/fetch.py). A step's name is its
+# function's (``_map_tuple`` is ``map_tuple``; ``.decode()`` is ``decode``; ``.map(fn)`` is
+# ``map/fn``), numbered where it repeats (``shuffle#2``).
+
+
+def _wds_pipeline(dataset: Any) -> bool:
+    """A WebDataset pipeline not yet timed (without importing ``webdataset``)."""
+    attrs = getattr(dataset, "__dict__", {})
+    steps = attrs.get("pipeline")
+    ours = type(dataset).__module__.startswith("webdataset.")
+    return ours and isinstance(steps, list) and len(steps) > 1 and "invoke" not in attrs
+
+
+def _step_name(step: Any) -> str:
+    """``decode``, ``map/<fn>``, ``shuffle``...: a step's function without its leading ``_``."""
+    fn = getattr(step, "f", None)
+    name = (getattr(fn, "__name__", None) or name_of(step)).lstrip("_")
+    args = getattr(step, "args", None) or ()
+    if name == "map" and args:
+        return "decode" if type(args[0]).__name__ == "Decoder" else f"map/{name_of(args[0])}"
+    return {"StreamingOpen": "open", "url_opener": "open"}.get(name, name)
+
+
+class TimedInvoke:
+    """A WebDataset copy's ``invoke`` (how ``DataPipeline`` makes each step's iterator from the
+    one before): the same call, its iterator timed as ``load/<step>``. Set on the copy, so the
+    steps themselves, which user code may look at, are the user's."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.paths: dict[int, str] = {}  # id(step) -> its stage, made again in a new process
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"owner": self.owner, "paths": {}}
+
+    def __call__(self, step: Any, *args: Any, **kwargs: Any) -> Any:
+        owner = self.owner
+        out = type(owner).invoke(owner, step, *args, **kwargs)
+        if not args:  # the shard list, the source
+            return out
+        path = self.paths.get(id(step))
+        if path is None:
+            self.paths = _step_paths(owner.__dict__.get("pipeline") or [])
+            path = self.paths.get(id(step), f"load/{_step_name(step)}")
+        return TimedIter(out, path)
+
+
+def _step_paths(steps: list[Any]) -> dict[int, str]:
+    paths: dict[int, str] = {}
+    seen: dict[str, int] = {}
+    for step in steps[1:]:
+        name = _step_name(step)
+        seen[name] = seen.get(name, 0) + 1
+        paths[id(step)] = f"load/{name}" + (f"#{seen[name]}" if seen[name] > 1 else "")
+    return paths
+
+
+class TimedIter:
+    """An iterator whose every ``next()`` is timed as the absolute stage ``path``."""
+
+    def __init__(self, it: Any, path: str) -> None:
+        self.it, self.path = iter(it), path
+
+    def __iter__(self) -> TimedIter:
+        return self
+
+    def __next__(self) -> Any:
+        return timed_call1(self.path, next, self.it)
+
+
+def timed_pipeline(dataset: Any) -> bool:
+    """Whether ``dataset`` is a WebDataset whose steps are timed: its ``load`` is theirs."""
+    return type(getattr(dataset, "__dict__", {}).get("invoke")) is TimedInvoke
 
 
 # NOTE [ Hugging Face datasets ]

@@ -57,7 +57,7 @@ from pipeprof.collect import fetch as netreads
 from pipeprof.collect import hdf5, ranks, tokenizer
 from pipeprof.collect.loop import HANG_S
 from pipeprof.collect.torch import epochs, hangs, memory, shm
-from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset
+from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset, timed_pipeline
 from pipeprof.core.batch import (
     Sketch,
     batch_nbytes,
@@ -358,6 +358,9 @@ class IterDataset(_Delegate, IterableDataset):  # type: ignore[type-arg]
     """Times every ``next()`` on the user's iterable as ``load`` (``iter()`` goes to the first)."""
 
     def __iter__(self) -> Iterator[Any]:
+        if timed_pipeline(self._inner):  # NOTE [ WebDataset pipelines ]: load is its steps'
+            yield from self._inner
+            return
         rec = recorder()
         frame = rec.open("load") if rec.enabled else None
         it = iter(self._inner)

@@ -1,0 +1,84 @@
+"""WebDataset pipelines (NOTE [ WebDataset pipelines ] in collect/torch/dataset.py): real tar
+shards served by a local HTTP server (tests/netdata.py), each step of the pipeline a stage."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from netdata import SHARD_SAMPLES, server
+from torch.utils.data import DataLoader, get_worker_info
+
+import pipeprof
+
+wds = pytest.importorskip("webdataset")
+
+MAP_MS = 3.0
+
+
+def slow_label(label):  # type: ignore[no-untyped-def]
+    """The user's map: 3 ms a sample."""
+    time.sleep(MAP_MS / 1e3)
+    return label
+
+
+def pipeline(url: str, shards: int = 4):  # type: ignore[no-untyped-def]
+    urls = [f"{url}shard-{i}.tar" for i in range(shards)]
+    return (
+        wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        .decode()
+        .to_tuple("npy", "cls")
+        .map_tuple(torch.from_numpy, slow_label)
+    )
+
+
+def user_view(worker_id: int) -> None:
+    """A worker_init_fn that looks at the pipeline's steps as user code can."""
+    steps = get_worker_info().dataset.pipeline
+    assert type(steps[-1]).__name__ == "FilterFunction", steps
+    assert isinstance(steps[-1], wds.filters.FilterFunction)
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_each_step_of_a_webdataset_is_a_stage(context):
+    """4 shards of 16 samples over HTTP (20 ms before each answer), decoded, a 3 ms map a
+    sample: ``load`` is the sum of its steps, ``fetch`` sits in the step that reads the tar,
+    the map is ``load/map_tuple`` and limits the loader; the samples are the plain loader's."""
+    kw = {"num_workers": 2, "multiprocessing_context": context, "worker_init_fn": user_view}
+    with server() as url:
+        loader = DataLoader(pipeline(url), batch_size=8, **(kw if context else {}))
+        plain = list(loader)
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            got = list(prof.wrap(loader))
+    assert len(got) == len(plain) == 4 * SHARD_SAMPLES // 8
+    for (x, y), (a, b) in zip(plain, got):
+        assert torch.equal(x, a) and torch.equal(y, b)
+    report = prof.report().to_dict()
+    stages = report["stages"]
+    for step in ("open", "tar_file_expander", "group_by_keys", "decode", "to_tuple", "map_tuple"):
+        assert f"load/{step}" in stages, sorted(stages)
+    assert stages["load"]["derived"]  # the steps' sum: no time of its own
+    kids = [p for p in stages if p.count("/") == 1 and p.startswith("load/")]
+    assert stages["load"]["total_s"] == pytest.approx(sum(stages[k]["total_s"] for k in kids))
+    assert stages["load/tar_file_expander/fetch"]["total_s"] >= 4 * 0.020
+    mapped = stages["load/map_tuple"]
+    assert MAP_MS <= mapped["per_sample_ms"] <= 3 * MAP_MS
+    # each step its own time: the map's stage holds none of the steps it pulls from
+    assert stages["load/decode"]["per_sample_ms"] < MAP_MS
+    assert report["verdict"]["stage"] == "load/map_tuple", report["verdict"]
+
+
+def test_a_local_webdataset_is_split_the_same_way_with_no_fetch(tmp_path):
+    """The near miss: the shards from local files: the same steps, no fetch."""
+    from netdata import shard
+
+    for i in range(2):
+        (tmp_path / f"shard-{i}.tar").write_bytes(shard(i))
+    files = [str(tmp_path / f"shard-{i}.tar") for i in range(2)]
+    data = wds.WebDataset(files, shardshuffle=False, empty_check=False)
+    data = data.decode().to_tuple("npy", "cls")
+    report = pipeprof.profile(DataLoader(data, batch_size=8)).to_dict()
+    assert "load/decode" in report["stages"] and "load/tar_file_expander" in report["stages"]
+    assert not any(p.endswith("/fetch") for p in report["stages"])
