@@ -39,6 +39,7 @@ def _stages(report: dict) -> dict:
     return report["stages"]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("context", [None, "fork", "spawn"])
 def test_a_with_transform_function_is_a_stage_and_the_arrow_read_is_load_read(context):
     """192 rows in batches of 16 (12 batches), the transform 3 ms a batch: ``transform/to_tensors``
@@ -57,8 +58,8 @@ def test_a_with_transform_function_is_a_stage_and_the_arrow_read_is_load_read(co
     tr, read = stages["transform/to_tensors"], stages["load/read"]
     assert tr["count"] == read["count"] == 12  # one call a batch (``__getitems__``)
     assert TRANSFORM_MS <= tr["mean_ms"] <= 3 * TRANSFORM_MS
-    # the read holds the Arrow slice and its formatting, not the transform it calls
-    assert read["mean_ms"] < TRANSFORM_MS, read
+    # the read holds the Arrow slice and its formatting (0.5-1 ms), not the transform it calls
+    assert read["mean_ms"] < tr["mean_ms"], (read, tr)
     assert stages["load"]["count"] == 192
     # the user's dataset keeps its own function
     assert ds._format_kwargs["transform"] is to_tensors

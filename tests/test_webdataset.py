@@ -40,6 +40,7 @@ def user_view(worker_id: int) -> None:
     assert isinstance(steps[-1], wds.filters.FilterFunction)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_each_step_of_a_webdataset_is_a_stage(context):
     """4 shards of 16 samples over HTTP (20 ms before each answer), decoded, a 3 ms map a
