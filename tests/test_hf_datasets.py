@@ -106,6 +106,7 @@ if __name__ == "__main__":
     kw = {"batched": True, "batch_size": 64}
     Dataset.from_dict({"x": [[float(i)] * 8 for i in range(256)]}).map(double, **kw)
     disk = load_from_disk(sys.argv[1])
+    disk.filter(lambda row: True)  # a map inside datasets' own filter: not the script's
     disk.map(double, **kw)  # computed, its result cached beside the dataset
     again = disk.map(double, **kw).with_format("torch")  # the same call: from the cache
     print(sum(float(b["x"].sum()) for b in DataLoader(again, batch_size=32)))
@@ -114,7 +115,8 @@ if __name__ == "__main__":
 
 def test_pipeprof_run_says_what_each_map_cost_and_where_its_result_came_from(tmp_path):
     """Under ``pipeprof run``: an in-memory dataset's ``.map`` (not cached: computed in every
-    run), one on a saved dataset (computed, cached) and the same call again (loaded); the
+    run), one on a saved dataset (computed, cached) and the same call again (loaded), and not
+    the map that ``filter`` makes inside ``datasets``; the
     script's output is its plain output (the user's function, and so the cache's fingerprint,
     untouched)."""
     import json

@@ -108,7 +108,10 @@ def test_a_tokenizer_called_once_a_text_is_a_stage_and_the_fix_says_once_a_batch
     collate = DataCollatorWithPadding(data.tok, return_tensors="pt")
     # batches of 8: the collator's 4 calls cost far less than the 32 tokenizer calls
     loader = DataLoader(data, batch_size=8, collate_fn=collate, **kw)
-    report = pipeprof.profile(loader).to_dict()
+    profiled = pipeprof.profile(loader)
+    report = profiled.to_dict()
+    said = "tokenizer: 32 calls, 1 texts and"
+    assert said in profiled.render("text") and said in profiled.render("html")
     assert PreTrainedTokenizerBase.__call__ is plain_call  # put back once the profile ends
     assert report["stages"]["load/tokenize"]["count"] == 32
     tok = report["tokens"]["tokenizer"]

@@ -333,7 +333,7 @@ def tokenizer_line(data: dict[str, Any]) -> str | None:
         None: "fast and Python tokenizers both",
     }[tok["releases_gil"]]
     return (
-        f"tokenizer: {tok['calls']:,} calls of {tok['texts'] / tok['calls']:.3g} texts, "
+        f"tokenizer: {tok['calls']:,} calls, {tok['texts'] / tok['calls']:.3g} texts and "
         f"{tok['ms_per_call']:.3g} ms a call ({tok['ms_per_text']:.3g} ms a text); {gil}"
     )
 
