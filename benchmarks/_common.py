@@ -77,3 +77,13 @@ def jpeg160_dataset(root: str) -> Any:
         ]
     )
     return datasets.ImageFolder(root, transform=chain)
+
+
+def emit(out: dict[str, Any], path: str | None) -> None:
+    """A benchmark's results: printed as JSON, and written to ``path`` where one is given."""
+    import json
+
+    print(json.dumps(out, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)

@@ -10,11 +10,11 @@ checkpoints, plus the per-step cost of the profiled loop against the same loop u
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import tracemalloc
 
 import psutil
+from _common import emit
 
 import pipeprof
 
@@ -66,10 +66,7 @@ def main() -> None:
         "heap_growth_mb_from_1pct": round(rows[-1]["heap_mb"] - rows[0]["heap_mb"], 2),
         "rss_growth_mb_from_1pct": round(rows[-1]["rss_mb"] - rows[0]["rss_mb"], 1),
     }
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ its tokenizer line and the finding's fix.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
+
+from _common import emit
 
 WORDS = [f"w{i}" for i in range(512)]
 
@@ -116,10 +117,7 @@ def main() -> None:
         "dominant_stage": dominant[0]["stage"] if dominant else None,
         "fix": dominant[0]["fix"] if dominant else None,
     }
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

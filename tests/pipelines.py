@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -409,3 +410,30 @@ class DecoratedStages(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return self.augment(decode(i), scale=2.0)
+
+
+def plain_and_profiled(loader: Any) -> tuple[list[Any], list[Any], pipeprof.Profiler]:
+    """One pass of ``loader`` plain, then one profiled (no host sampler): both passes' batches,
+    and the profiler, whose report holds the second."""
+    plain = list(loader)
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        got = list(prof.wrap(loader))
+    return plain, got, prof
+
+
+def same_batches(plain: list[Any], got: list[Any]) -> bool:
+    """Whether two passes gave the same batches: the same types and keys, tensors equal."""
+
+    def same(a: Any, b: Any) -> bool:
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, torch.Tensor):
+            return torch.equal(a, b)
+        if isinstance(a, dict) or hasattr(a, "keys"):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return bool(a == b)
+
+    return len(plain) == len(got) and all(same(a, b) for a, b in zip(plain, got))

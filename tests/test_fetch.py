@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from netdata import BODY, LATENCY_S, Local, Remote, S3Objects, s3_server, server
+from pipelines import plain_and_profiled, same_batches
 from torch.utils.data import DataLoader
 
 import pipeprof
@@ -178,14 +179,8 @@ def test_webdatasets_shard_streams_are_the_fetch_stage(workers, context):
 
     kw = {"num_workers": workers, "multiprocessing_context": context} if workers else {}
     with server() as url:
-        loader = DataLoader(_webdataset(url, 4), batch_size=8, **kw)
-        plain = list(loader)
-        prof = pipeprof.Profiler(sample_hz=0)
-        with prof:
-            got = list(prof.wrap(loader))
-    assert len(got) == len(plain) == 4 * SHARD_SAMPLES // 8
-    for (x, y), (a, b) in zip(plain, got):
-        assert torch.equal(x, a) and torch.equal(y, b)
+        plain, got, prof = plain_and_profiled(DataLoader(_webdataset(url, 4), batch_size=8, **kw))
+    assert len(got) == 4 * SHARD_SAMPLES // 8 and same_batches(plain, got)
     report = prof.report().to_dict()
     (row,) = report["fetch"]
     assert row["host"] == url.split("/")[2]

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from pipelines import plain_and_profiled, same_batches
 from torch.utils.data import DataLoader, get_worker_info
 
 import pipeprof
@@ -46,14 +47,8 @@ def test_a_with_transform_function_is_a_stage_and_the_arrow_read_is_load_read(co
     once a batch, ``load/read`` apart from it; the batches are the plain loader's."""
     ds = table().with_transform(to_tensors)
     kw = {"num_workers": 2, "multiprocessing_context": context, "worker_init_fn": seen_type}
-    loader = DataLoader(ds, batch_size=16, **(kw if context else {}))
-    plain = list(loader)
-    prof = pipeprof.Profiler(sample_hz=0)
-    with prof:
-        got = list(prof.wrap(loader))
-    assert len(got) == len(plain) == 12
-    for a, b in zip(plain, got):
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    plain, got, prof = plain_and_profiled(DataLoader(ds, batch_size=16, **(kw if context else {})))
+    assert len(got) == 12 and same_batches(plain, got)
     stages = _stages(prof.report().to_dict())
     tr, read = stages["transform/to_tensors"], stages["load/read"]
     assert tr["count"] == read["count"] == 12  # one call a batch (``__getitems__``)
@@ -79,13 +74,8 @@ def test_a_dataset_without_a_transform_has_only_its_read():
     """The near miss: a torch-formatted dataset with no transform: ``load/read`` holds the
     Arrow read and the formatting, and no transform stage is made up."""
     ds = table(64).with_format("torch")
-    loader = DataLoader(ds, batch_size=16)
-    plain = list(loader)
-    prof = pipeprof.Profiler(sample_hz=0)
-    with prof:
-        got = list(prof.wrap(loader))
-    for a, b in zip(plain, got):
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    plain, got, prof = plain_and_profiled(DataLoader(ds, batch_size=16))
+    assert same_batches(plain, got)
     stages = _stages(prof.report().to_dict())
     assert stages["load/read"]["count"] == 4
     assert not any(path.startswith("transform") for path in stages), stages

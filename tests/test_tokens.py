@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pipelines import plain_and_profiled, same_batches
 from torch.utils.data import DataLoader, Dataset
 
 import pipeprof
@@ -125,13 +126,10 @@ def test_a_batch_a_call_in_the_collate_fn_counts_each_text():
     """The fix followed: the collate_fn tokenizes a batch's 4 texts in one call
     (``collate/tokenize``, 8 calls of 4 texts), and the batches are the plain loader's."""
     tok = _tokenizer()
-    loader = DataLoader(RawTexts(), batch_size=4, collate_fn=TokenizeBatch(tok))
-    plain = list(loader)
-    prof = pipeprof.Profiler(sample_hz=0)
-    with prof:
-        got = list(prof.wrap(loader))
-    for a, b in zip(plain, got):
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    plain, got, prof = plain_and_profiled(
+        DataLoader(RawTexts(), batch_size=4, collate_fn=TokenizeBatch(tok))
+    )
+    assert same_batches(plain, got)
     report = prof.report().to_dict()
     assert report["stages"]["collate/tokenize"]["count"] == 8
     assert report["tokens"]["tokenizer"]["texts"] == 32

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 from netdata import SHARD_SAMPLES, server
+from pipelines import plain_and_profiled, same_batches
 from torch.utils.data import DataLoader, get_worker_info
 
 import pipeprof
@@ -49,13 +50,8 @@ def test_each_step_of_a_webdataset_is_a_stage(context):
     kw = {"num_workers": 2, "multiprocessing_context": context, "worker_init_fn": user_view}
     with server() as url:
         loader = DataLoader(pipeline(url), batch_size=8, **(kw if context else {}))
-        plain = list(loader)
-        prof = pipeprof.Profiler(sample_hz=0)
-        with prof:
-            got = list(prof.wrap(loader))
-    assert len(got) == len(plain) == 4 * SHARD_SAMPLES // 8
-    for (x, y), (a, b) in zip(plain, got):
-        assert torch.equal(x, a) and torch.equal(y, b)
+        plain, got, prof = plain_and_profiled(loader)
+    assert len(got) == 4 * SHARD_SAMPLES // 8 and same_batches(plain, got)
     report = prof.report().to_dict()
     stages = report["stages"]
     for step in ("open", "tar_file_expander", "group_by_keys", "decode", "to_tuple", "map_tuple"):
