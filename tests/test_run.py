@@ -92,8 +92,10 @@ def test_the_same_numbers_as_the_hand_written_profiler(tmp_path):
     waits = [abs(a["loop"]["wait_fraction"] - b["loop"]["wait_fraction"]) for a, b in pairs]
     assert min(waits) <= 0.02, waits
     for stage in ("load", "collate"):
-        gaps = [abs(a["stages"][stage]["mean_ms"] / b["stages"][stage]["mean_ms"] - 1)
-                for a, b in pairs if b["stages"][stage]["mean_ms"] > 0.5]  # fmt: skip
+        # only where both are over 0.5 ms: collate's 0.3 ms, pushed over it by load in one run
+        # only, differed by 37 % once
+        means = [(a["stages"][stage]["mean_ms"], b["stages"][stage]["mean_ms"]) for a, b in pairs]
+        gaps = [abs(x / y - 1) for x, y in means if min(x, y) > 0.5]
         assert not gaps or min(gaps) <= 0.05, (stage, gaps)
     a, b = pairs[0]
     assert a["stages"]["load"]["mean_ms"] == pytest.approx(1.5, rel=0.2)  # the injected cost
