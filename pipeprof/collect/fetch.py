@@ -11,7 +11,7 @@ request passes through public methods of two public classes there:
 2. ``HTTPResponse.read()`` and ``readinto()``: the body, as the client reads it (Python 3.10's
    ``read(n)`` calls ``readinto`` itself: the inner call is neither timed nor counted again);
 3. WebDataset reads ``http(s)://`` shards through a ``curl`` process's pipe, not ``http.client``:
-   its ``webdataset.gopen.Pipe.read`` (``install_pipes``, once ``webdataset`` is imported). A
+   its ``webdataset.gopen.Pipe.read`` (``PIPES``, once ``webdataset`` is imported). A
    stream is one request: its first read, the wait for the first bytes (curl's start included),
    is the latency; the later reads are the body.
 
@@ -20,7 +20,7 @@ same arguments and return what they return, in the processes and for the time th
 are timed (NOTE [ Timing h5py reads ] in collect/hdf5.py: a worker's whole life; a pass in the
 training process; counted installs). ``import torch`` imports ``http.client`` already, so a
 spawned worker pays nothing to have it. Outside a profile's stages a call pays one function
-call more (``_piped``).
+call more (``piped`` in collect/patch.py).
 
 Each call made inside the pipeline's stages (or on a helper thread while the pipeline thread is
 in one) is the relative stage ``fetch`` (``load/fetch`` inside ``__getitem__``); a request the
@@ -46,7 +46,7 @@ import threading
 import weakref
 from typing import Any
 
-from pipeprof.collect.patch import ClassPatch
+from pipeprof.collect.patch import ClassPatch, close_stage, open_stage, piped
 from pipeprof.core.recorder import clock, counts, recorder
 from pipeprof.core.units import LATENCY_BOUNDS_MS
 
@@ -60,39 +60,14 @@ def _patched(cls: str) -> Any:
     return getattr(hc, cls)
 
 
-def install() -> bool:
-    """Time ``http.client`` requests in this process (NOTE [ Timing network reads ]). Pair
-    each call with ``uninstall``."""
-    return _PATCH.install()
-
-
-def uninstall() -> None:
-    """Undo one ``install``; the last puts the originals back (if ours are still there)."""
-    _PATCH.uninstall()
-
-
-def installed() -> bool:
-    """Whether ``http.client``'s methods are pipeprof's in this process now."""
-    return _PATCH.installed()
-
-
-def _piped() -> bool:
-    """Whether this call is the pipeline's: profiling on, and a stage open on this thread or,
-    for a helper thread with none, on the pipeline thread (a pool fetching in
-    ``__getitems__``). A request the training loop makes between batches (a logger's upload,
-    a hub call) is not."""
-    rec = _rec
-    return rec.enabled and (rec._local.st.path is not None or rec._main.path is not None)
-
-
 def _getresponse(self: Any) -> Any:
-    if not _piped():
+    if not piped():
         return _ORIG["getresponse"](self)
-    frame, t0 = _open()
+    frame, t0 = open_stage("fetch")
     try:
         resp = _ORIG["getresponse"](self)
     finally:
-        ns = _close(frame, t0)
+        ns = close_stage(frame, t0)
         _count(self, ns, None)
     try:
         _HOSTS[resp] = _host(self)
@@ -102,57 +77,47 @@ def _getresponse(self: Any) -> Any:
 
 
 def _read(self: Any, amt: int | None = None) -> bytes:
-    if getattr(_inside, "on", False) or not _piped():
+    if getattr(_inside, "on", False) or not piped():
         return _ORIG["read"](self, amt)  # type: ignore[no-any-return]
     _inside.on = True
-    frame, t0 = _open()
+    frame, t0 = open_stage("fetch")
     out = b""
     try:
         out = _ORIG["read"](self, amt)
         return out  # type: ignore[no-any-return]
     finally:
         _inside.on = False
-        ns = _close(frame, t0)
+        ns = close_stage(frame, t0)
         _count(self, ns, len(out))
 
 
 def _readinto(self: Any, b: Any) -> int:
-    if getattr(_inside, "on", False) or not _piped():
+    if getattr(_inside, "on", False) or not piped():
         return _ORIG["readinto"](self, b)  # type: ignore[no-any-return]
     _inside.on = True
-    frame, t0 = _open()
+    frame, t0 = open_stage("fetch")
     n: int = 0
     try:
         n = _ORIG["readinto"](self, b)
         return n
     finally:
         _inside.on = False
-        ns = _close(frame, t0)
+        ns = close_stage(frame, t0)
         _count(self, ns, n)
 
 
-def install_pipes() -> bool:
-    """Time WebDataset's shard streams in this process (NOTE [ Timing network reads ], 3.);
-    False while ``webdataset`` is not imported. Pair each True with ``uninstall_pipes``."""
-    return _PIPES.install()
-
-
-def uninstall_pipes() -> None:
-    _PIPES.uninstall()
-
-
 def _pipe_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
-    if getattr(_inside, "on", False) or not _piped():
-        return _PIPES.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
+    if getattr(_inside, "on", False) or not piped():
+        return PIPES.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
     _inside.on = True
-    frame, t0 = _open()
+    frame, t0 = open_stage("fetch")
     out = b""
     try:
-        out = _PIPES.orig["read"](self, *args, **kwargs)
+        out = PIPES.orig["read"](self, *args, **kwargs)
         return out  # type: ignore[no-any-return]
     finally:
         _inside.on = False
-        ns = _close(frame, t0)
+        ns = close_stage(frame, t0)
         try:
             first = self not in _HOSTS
             if first:
@@ -184,20 +149,6 @@ def _pipe_host(pipe: Any) -> str:
 def _wds_pipe() -> Any:
     module = sys.modules.get("webdataset.gopen")
     return None if module is None else module.Pipe
-
-
-def _open() -> tuple[Any, int]:
-    rec = _rec
-    inside = rec.innermost
-    frame = None
-    if inside is None or not (inside == "fetch" or inside.endswith("/fetch")):
-        frame = rec.open(rec.child_path("fetch"))
-    return frame, clock()
-
-
-def _close(frame: Any, t0: int) -> int:
-    ns: int = _rec.close(frame) if frame is not None else clock() - t0
-    return ns
 
 
 def _count(obj: Any, ns: int, nbytes: int | None) -> None:
@@ -245,13 +196,17 @@ def _host(obj: Any) -> str:
     return f"{obj.host}:{obj.port}"
 
 
-# NOTE [ Counted class patches ] in collect/patch.py; the originals, which ours call, in _ORIG
-_PATCH = ClassPatch(
+# http.client's requests (PATCH) and WebDataset's shard streams (PIPES: install is False while
+# webdataset is not imported) timed in this process while installed (NOTE [ Timing network
+# reads ]): NOTE [ Counted class patches ] in collect/patch.py. The originals, which ours call,
+# in _ORIG and PIPES.orig.
+PATCH = ClassPatch(
     [
         (functools.partial(_patched, "HTTPConnection"), "getresponse", _getresponse),
         (functools.partial(_patched, "HTTPResponse"), "read", _read),
         (functools.partial(_patched, "HTTPResponse"), "readinto", _readinto),
     ]
 )
-_ORIG = _PATCH.orig
-_PIPES = ClassPatch([(_wds_pipe, "read", _pipe_read)])  # WebDataset's curl streams
+install, uninstall, installed = PATCH.install, PATCH.uninstall, PATCH.installed
+_ORIG = PATCH.orig
+PIPES = ClassPatch([(_wds_pipe, "read", _pipe_read)])

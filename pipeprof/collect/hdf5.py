@@ -57,22 +57,6 @@ _FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "
             32000: "lzf"}  # fmt: skip
 
 
-def install() -> bool:
-    """Time h5py reads in this process (NOTE [ Timing h5py reads ]); False when h5py is not
-    imported. Pair each True with ``uninstall``."""
-    return _PATCH.install()
-
-
-def uninstall() -> None:
-    """Undo one ``install``; the last puts h5py's own methods back (if ours are still there)."""
-    _PATCH.uninstall()
-
-
-def installed() -> bool:
-    """Whether h5py's read methods are pipeprof's in this process now."""
-    return _PATCH.installed()
-
-
 def _h5_dataset() -> Any:
     h5py = sys.modules.get("h5py")
     return None if h5py is None else h5py.Dataset
@@ -433,8 +417,11 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
     return [(f".{k}", v) for k, v in attrs.items()]
 
 
-# NOTE [ Counted class patches ] in collect/patch.py; the originals, which ours call, in _ORIG
-_PATCH = ClassPatch(
+# h5py's reads timed in this process while installed (NOTE [ Timing h5py reads ]; install is
+# False while h5py is not imported): NOTE [ Counted class patches ] in collect/patch.py. The
+# originals, which ours call, in _ORIG.
+PATCH = ClassPatch(
     [(_h5_dataset, "__getitem__", _getitem), (_h5_dataset, "read_direct", _read_direct)]
 )
-_ORIG = _PATCH.orig
+install, uninstall, installed = PATCH.install, PATCH.uninstall, PATCH.installed
+_ORIG = PATCH.orig

@@ -8,6 +8,11 @@ passes, a nested ``profile()``), so installs are counted under a lock: the first
 methods, the last ``uninstall`` puts the originals back, and only where pipeprof's are still in
 place (a library patched again by someone else after pipeprof is left as it is). The originals
 stay in ``orig`` by method name, where the replacements call them.
+
+A replacement times only the pipeline's calls (``piped``): a call the training loop makes between
+batches (a logger's upload, a prompt tokenized for a log line) is not. Each opens its relative
+stage (``fetch``, ``tokenize``) with ``open_stage``, unless the thread is inside one of that
+name already (the user's own ``pipeprof.stage("fetch")``, or an inner call of the same library).
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from pipeprof.core.recorder import clock, recorder
+
+_rec = recorder()
 Target = tuple[Callable[[], Any], str, Callable[..., Any]]  # (the class, or None; name; ours)
 
 
@@ -59,3 +67,27 @@ class ClassPatch:
         find, name, mine = self.targets[0]
         cls = find()
         return cls is not None and cls.__dict__.get(name) is mine
+
+
+def piped() -> bool:
+    """Whether this call is the pipeline's: profiling on, and a stage open on this thread or,
+    for a helper thread with none, on the pipeline thread (a pool fetching in
+    ``__getitems__``)."""
+    rec = _rec
+    return rec.enabled and (rec._local.st.path is not None or rec._main.path is not None)
+
+
+def open_stage(name: str) -> tuple[Any, int]:
+    """The relative stage ``name`` opened (None where the thread is inside one already), and
+    the clock; ``close_stage`` gives the call's ns either way."""
+    rec = _rec
+    inside = rec.innermost
+    frame = None
+    if inside is None or not (inside == name or inside.endswith("/" + name)):
+        frame = rec.open(rec.child_path(name))
+    return frame, clock()
+
+
+def close_stage(frame: Any, t0: int) -> int:
+    ns: int = _rec.close(frame) if frame is not None else clock() - t0
+    return ns

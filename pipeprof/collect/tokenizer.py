@@ -22,24 +22,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pipeprof.collect.patch import ClassPatch
-from pipeprof.core.recorder import clock, counts, recorder
+from pipeprof.collect.patch import ClassPatch, close_stage, open_stage, piped
+from pipeprof.core.recorder import counts, recorder
 
 _rec = recorder()
-
-
-def install() -> bool:
-    """Time tokenizer calls in this process (NOTE [ Tokenizer calls ]); False while
-    ``transformers``' tokenizers are not imported. Pair each True with ``uninstall``."""
-    return _PATCH.install()
-
-
-def uninstall() -> None:
-    _PATCH.uninstall()
-
-
-def installed() -> bool:
-    return _PATCH.installed()
 
 
 def _base() -> Any:
@@ -48,17 +34,13 @@ def _base() -> Any:
 
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
-    rec = _rec
-    if not rec.enabled or (rec._local.st.path is None and rec._main.path is None):
+    if not piped():
         return _ORIG["__call__"](self, *args, **kwargs)
-    inside = rec.innermost
-    mine = inside is None or not (inside == "tokenize" or inside.endswith("/tokenize"))
-    frame = rec.open(rec.child_path("tokenize")) if mine else None
-    t0 = clock()
+    frame, t0 = open_stage("tokenize")
     try:
         return _ORIG["__call__"](self, *args, **kwargs)
     finally:
-        ns = rec.close(frame) if frame is not None else clock() - t0
+        ns = close_stage(frame, t0)
         _count(self, args[0] if args else kwargs.get("text"), ns)
 
 
@@ -73,6 +55,9 @@ def _count(tokenizer: Any, text: Any, ns: int) -> None:
         found["fast_calls"] = found.get("fast_calls", 0) + 1
 
 
-# NOTE [ Counted class patches ] in collect/patch.py; the original, which ours calls, in _ORIG
-_PATCH = ClassPatch([(_base, "__call__", _call)])
-_ORIG = _PATCH.orig
+# tokenizer calls timed in this process while installed (NOTE [ Tokenizer calls ]; install is
+# False while transformers' tokenizers are not imported): NOTE [ Counted class patches ] in
+# collect/patch.py. The original, which ours calls, in _ORIG.
+PATCH = ClassPatch([(_base, "__call__", _call)])
+install, uninstall, installed = PATCH.install, PATCH.uninstall, PATCH.installed
+_ORIG = PATCH.orig

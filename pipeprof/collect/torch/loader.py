@@ -227,6 +227,10 @@ class _Delegate:
 # ``Collate``, and torch's own arguments for any other loader. While the user's ``worker_init_fn``
 # runs, the copy holds the user's own transforms, not their stand-ins (``WorkerInit``).
 _FETCHER: list[Any] = [None]  # torch's create_fetcher, once patched
+# The library reads timed where the pipeline runs, each installed in a worker for its life and in
+# the training process for a pass (NOTE [ Counted class patches ] in collect/patch.py): h5py's
+# reads, http.client's requests, WebDataset's shard streams, Hugging Face tokenizer calls
+READS = (hdf5.PATCH, netreads.PATCH, netreads.PIPES, tokenizer.PATCH)
 
 
 def _install_fetcher() -> None:
@@ -586,10 +590,8 @@ class WorkerInit:
                 import h5py  # noqa: F401  (a spawned worker may not have imported it yet)
             except ImportError:
                 pass
-            hdf5.install()  # for the worker's life: the process is the profiled loader's own
-        netreads.install()  # NOTE [ Timing network reads ] in collect/fetch.py, as h5py's
-        netreads.install_pipes()
-        tokenizer.install()  # NOTE [ Tokenizer calls ] in collect/tokenizer.py, the same way
+        for patch in READS:  # for the worker's life: the process is the profiled loader's own
+            patch.install()
         if self.fn is not None:  # it sees the dataset's own transforms, not their stand-ins
             plain = set_swaps(self.swaps, plain=True)
             try:
@@ -846,12 +848,10 @@ class ProfiledLoader:
         rec = recorder()
         mine, first_profile = rec.begin()
         self._sinks = (mine, first_profile)
-        h5 = net = pipes = tok = False
+        patched: list[Any] = []
         try:
-            h5 = hdf5.install()  # reads in this process (num_workers=0) are timed while it runs
-            net = netreads.install()
-            pipes = netreads.install_pipes()
-            tok = tokenizer.install()
+            # reads in this process (num_workers=0) are timed while the pass runs
+            patched = [patch for patch in READS if patch.install()]
             if isinstance(self.loader.collate_fn, Collate):  # NOTE [ Index sketches ]
                 first = self.passes == 1
                 self.loader.collate_fn.sketch = first and ranks.from_env().distributed
@@ -953,14 +953,8 @@ class ProfiledLoader:
             finally:
                 rec.end()
                 self.stop_watch()  # NOTE [ Hangs ] in hangs.py
-                if h5:
-                    hdf5.uninstall()
-                if net:
-                    netreads.uninstall()
-                if pipes:
-                    netreads.uninstall_pipes()
-                if tok:
-                    tokenizer.uninstall()
+                for patch in patched:
+                    patch.uninstall()
 
     def _fetch(
         self, fetch: Any, off: bool, measure: bool, rec: Any
