@@ -99,6 +99,8 @@ def main() -> None:
             "tune_chosen": choose.key(tuned["chosen"]), "tune_changed": tuned["changed"],
             "tune_s": round(tuned["wall_s"], 1), "tune_trials": sum(t["runs"] for t in
                                                                     tuned["trials"]),
+            # each setting the tune ran: its runs and median rate (which phase tried what)
+            "tune_tried": {t["setting"]: [t["runs"], t["samples_per_s"]] for t in tuned["trials"]},
             "grid_best": choose.key(best), "grid_s": round(grid_s, 1),
             "grid_medians": {k: round(v, 1) for k, v in medians.items()},
             "final": final,
@@ -106,11 +108,14 @@ def main() -> None:
             "tune_over_baseline": final["tune"]["samples_per_s"]
             / final["as it is"]["samples_per_s"],
             "time_share": tuned["wall_s"] / grid_s,
+            # to the choice (the baseline profile and the trials), the ceiling ladder's runs after
+            "search_s": tuned["search_s"], "search_share": tuned["search_s"] / grid_s,
         }  # fmt: skip
         out["pipelines"][name] = row
         print(f"{name:18} tune: {row['tune_chosen']} ({row['tune_s']} s); grid best: "
               f"{row['grid_best']} ({row['grid_s']} s); tune/grid {row['tune_over_grid']:.3f}, "
-              f"tune/as-is {row['tune_over_baseline']:.3f}, time {row['time_share']:.2f}",
+              f"tune/as-is {row['tune_over_baseline']:.3f}, time {row['time_share']:.2f} (to the "
+              f"choice {row['search_share']:.2f})",
               flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

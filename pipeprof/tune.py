@@ -98,6 +98,8 @@ class Tuner:
         self.log: list[dict[str, float]] = []  # each round's rates, by setting
         self.failed: dict[str, str] = {}
         self.stopped: set[str] = set()  # dropped as clearly worse
+        self.lost: set[str] = set()  # lost a paired round to the setting it had to beat
+        self.refs: dict[str, str] = {}  # the best so far each later phase's settings ran beside
         self.notes: list[str] = []
         self.done = 0  # trials run
         self.planned = 0  # trials planned (the progress bar's total)
@@ -189,7 +191,7 @@ class Tuner:
             self.rates.setdefault(name, []).append(result["samples_per_s"])
         return result
 
-    def round(self, names: list[str], seed: int, base: str) -> None:
+    def round(self, names: list[str], seed: int, base: str, ref: str) -> None:
         """Each setting still in, once, in a shuffled order; the round's rates are logged
         together, so that each setting is compared with the others in the rounds they shared."""
         order = names[:]
@@ -205,22 +207,34 @@ class Tuner:
             top = choose.leader(self.rates)
             floor = choose.FLOOR * choose.median(self.rates[top]) if top else None  # type: ignore[operator]
             self.progress(choose.key(self.settings[name]), self.done, self.planned)
-            result = self.trial(name, floor if name != base and self.prune else None)
+            result = self.trial(name, floor if name not in (base, ref) and self.prune else None)
             self.done += 1
             if result.get("error") is None:
                 got[name] = result["samples_per_s"]
                 if result.get("ended") == "stopped early":
                     self.stopped.add(name)
 
-    def phase(self, names: list[str], base: str, seed: int) -> None:
+    def phase(self, names: list[str], base: str, seed: int, ref: str | None = None) -> None:
+        """``rounds`` rounds of ``names``, each of which has to beat ``ref`` (the script's own
+        settings, else the best so far) in every round that ran both to be chosen (NOTE
+        [ Tuning ]): one that lost a round to it stops there."""
+        ref = ref or base
+        for n in names:  # its gain over the script: through ref's (NOTE [ Tuning ])
+            if ref != base and n not in (base, ref) and n not in self.runs:
+                self.refs.setdefault(n, ref)
         self.planned += self.rounds * len(names)
         for r in range(self.rounds):
-            self.round(names, seed + r, base)
+            self.round(names, seed + r, base, ref)
             if self.out_of_budget:
                 return
             if self.prune:
                 alive = {n: self.rates.get(n, []) for n in names if n not in self.failed}
-                self.stopped |= choose.dropped(alive, keep={base})
+                self.stopped |= choose.dropped(alive, keep={base, ref})
+                got = self.log[-1]
+                lost = {n for n in got if n not in (base, ref) and ref in got
+                        and got[n] <= got[ref]}  # fmt: skip
+                self.lost |= lost
+                self.stopped |= lost
             left = [n for n in names if n not in self.failed and n not in self.stopped]
             self.planned -= (self.rounds - r - 1) * (len(names) - len(left))
             names = left
@@ -246,7 +260,7 @@ class Tuner:
         counts = choose.worker_counts(report, cores, rows) if "num_workers" in self.knobs else []
         interrupted = False
         try:
-            self.search(report, base, counts, cores)
+            self.search(report, base, counts, cores, rows)
         except KeyboardInterrupt:
             interrupted = True
             self.notes.append(f"interrupted after {self.done} trials: the choice rests on those")
@@ -256,6 +270,7 @@ class Tuner:
         best = self._best(base)
         result = self._result(report, rows, base, best)
         result["interrupted"] = interrupted
+        result["search_s"] = round(self.spent(), 1)  # to the choice: the ladder's runs follow
         if self.ladder and not (self.out_of_budget or interrupted):
             try:
                 result["ladder"] = self.climb(report, base, best)
@@ -264,7 +279,8 @@ class Tuner:
         result["spent_s"] = round(self.spent(), 1)
         return result
 
-    def search(self, report: dict[str, Any], base: str, counts: list[int], cores: int) -> None:
+    def search(self, report: dict[str, Any], base: str, counts: list[int], cores: int,
+               rows: list[dict[str, Any]]) -> None:
         workers = choose.current(report)["num_workers"]
         names = [base] + [self.add({"num_workers": k}) for k in counts if k != workers]
         names += [n for n in (self.add(t) for t in self.tries) if n not in names]
@@ -275,11 +291,21 @@ class Tuner:
                  if set(k) <= self.knobs]  # fmt: skip
         if knobs and not self.out_of_budget:
             tried = {self.add({**at, **k}): k for k in knobs}
-            self.phase(list(dict.fromkeys([base, best, *tried])), base, seed=101)
-            kept = [k for name, k in tried.items() if choose.beats(self._vs(name, best))]
+            self.phase(list(dict.fromkeys([best, *tried])), base, seed=101, ref=best)
+            kept = [k for name, k in tried.items() if self._won(name, best)]
             if len(kept) > 1 and not self.out_of_budget:
                 both = self.add({**at, **{a: b for k in kept for a, b in k.items()}})
-                self.phase([base, self._best(base), both], base, seed=201)
+                top = self._best(base)
+                self.phase(list(dict.fromkeys([top, both])), base, seed=201, ref=top)
+        best = self._best(base)
+        at = self.settings[best]
+        kept_workers = at.get("persistent_workers") and not choose.current(report)[
+            "persistent_workers"]
+        if kept_workers and "num_workers" in self.knobs and not self.out_of_budget:
+            k = at.get("num_workers", workers)
+            more = [self.add({**at, "num_workers": n}) for n in choose.recount(k, cores, rows)]
+            if more:  # NOTE [ Tuning ]: with the workers kept, the best count moves up
+                self.phase([best, *more], base, seed=301, ref=best)
 
     def climb(self, report: dict[str, Any], base: str, best: str) -> dict[str, Any] | None:
         """The ceiling ladder's runs at the chosen setting, once each (NOTE [ The ceiling
@@ -306,18 +332,35 @@ class Tuner:
                              choose.median(self.rates.get(best, [])) if best != base else None,
                              measured, choose.model_ceiling(report))  # fmt: skip
 
+    def _won(self, name: str, other: str) -> bool:
+        """Whether ``name`` beat ``other`` in as many paired rounds as the tune runs, up to 2:
+        a knob dropped after one round (clearly behind another knob) is not kept on that round
+        alone, unless the tune runs one round."""
+        g = self._vs(name, other)
+        return choose.beats(g) and g is not None and g["rounds"] >= min(2, self.rounds)
+
     def _vs(self, name: str, other: str) -> dict[str, Any] | None:
         """``name``'s gain over ``other`` from the rounds that ran both."""
         return choose.gain([(r[name], r[other]) for r in self.log if name in r and other in r])
 
+    def _gain(self, name: str, base: str) -> dict[str, Any] | None:
+        """``name``'s gain over the script's own settings: from the rounds that ran both, or
+        chained through the best so far it ran beside in a later phase (NOTE [ Tuning ])."""
+        via = self.refs.get(name)
+        if via is None:
+            return self._vs(name, base)
+        return choose.chain(self._vs(name, via), self._gain(via, base), via)
+
     def _best(self, base: str) -> str:
-        """The leader, where it beat the script's own settings; else the script's own."""
-        rates = {n: r for n, r in self.rates.items() if n not in self.failed}
-        ranked = sorted(rates, key=lambda n: choose.median(rates[n]) or 0.0, reverse=True)
-        for name in ranked:
-            if name == base:
-                return base
-            if choose.beats(self._vs(name, base)):
+        """The setting with the best gain, where it beat the script's own settings; else the
+        script's own."""
+        gains = {n: self._gain(n, base) for n in self.rates
+                 if n != base and n not in self.failed and n not in self.lost}  # fmt: skip
+        for name, g in sorted(gains.items(), key=lambda x: (x[1] or {}).get("ratio", 0.0),
+                              reverse=True):  # fmt: skip
+            if g is None or g["ratio"] <= 1.0:
+                return base  # the rest ranked under the script's own
+            if choose.beats(g):
                 return name
         return base
 
@@ -333,7 +376,7 @@ class Tuner:
                 "setting": name, "settings": settings, "runs": len(runs),
                 "samples_per_s": choose.median(rates), "rates": rates,
                 "promised_samples_per_s": choose.promised(settings, rows),
-                "vs_baseline": self._vs(name, base) if name != base else None,
+                "vs_baseline": self._gain(name, base) if name != base else None,
                 "dropped": name in self.stopped, "error": self.failed.get(name),
             })  # fmt: skip
         chosen = self.settings[best]
@@ -344,7 +387,7 @@ class Tuner:
             "baseline": choose.current(report), "verdict": (report.get("verdict") or {}).get(
                 "headline"),
             "trials": trials, "chosen": chosen, "chosen_setting": best, "changed": changed,
-            "gain": self._vs(best, base) if changed else None,
+            "gain": self._gain(best, base) if changed else None,
             "budget_s": self.budget_s, "spent_s": round(self.spent(), 1), "notes": self.notes,
             "diff": None, "edit_error": None,
         }  # fmt: skip

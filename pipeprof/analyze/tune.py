@@ -9,18 +9,29 @@ to the best one, and the script's own. Then, at the winning worker count, one kn
 where a finding points at it: ``persistent_workers`` where the workers restarted each epoch,
 ``prefetch_factor`` 4 where the loop waited for data, ``pin_memory`` on a CUDA device, the
 ``file_system`` sharing strategy where the hand-over cost, and the training process's threads
-on a CPU-trained loop. A knob is kept only where it won.
+on a CPU-trained loop. A knob is kept only where it won, in two paired rounds or more where the
+tune runs more (one dropped after a round, behind another knob, is not). Where
+``persistent_workers`` was kept, the worker count is searched again with it (``recount``): a
+pass no longer starts its workers, so each added worker stops costing a start-up every epoch,
+and the best count moves up, toward the what-if's, which is the steady state's (a proof
+pipeline of short epochs: 3 or 4 workers best without it, 8 with it; docs/tune.md).
 
 Trials are measured in rounds: every setting still in once a round, in a shuffled order, so
 that the machine's drift lands on all of them alike. After each round, a setting whose best
 rate is under ``DROP`` of the leader's median is dropped (clearly worse); one trial is stopped
-halfway when its rate so far is under ``FLOOR`` of the leader's. The winner is the setting with
-the best median rate; it replaces the script's own settings only where it beat them in every
-round that ran both, by ``MIN_GAIN`` or more at the median, with a 95 % interval of the gain
-(t over the rounds' log ratios) above 1 (from a single round, where there is no interval, by
-``ONE_ROUND_GAIN``): a pipeline that is already at its best is left as it is, and no chosen
+halfway when its rate so far is under ``FLOOR`` of the leader's. Each setting has one it must
+beat in every round that ran both (the script's own for the worker counts, the best so far for
+the knobs and the counts tried again): one that lost a round to it stops there and is not
+chosen, since no later round can undo the loss. Only the first phase (the worker counts) runs
+the script's own settings; a later phase runs the best so far beside its settings, and their
+gain over the script is chained (``chain``): the gain over the best so far, times the best so
+far's own gain over the script, measured in the phase before. The winner is the setting with the
+best gain; it replaces the script's own settings only where it beat them in every round of each
+link, by ``MIN_GAIN`` or more at the median, with a 95 % interval of the gain (t over the rounds'
+log ratios, the links' ends multiplied) above 1 (from a single round, where there is no interval,
+by ``ONE_ROUND_GAIN``): a pipeline that is already at its best is left as it is, and no chosen
 setting measured slower than the script's own. Where the leader did not beat it, the next in
-median order that did is chosen.
+order that did is chosen.
 """
 
 from __future__ import annotations
@@ -71,22 +82,48 @@ def worker_counts(report: dict[str, Any], cores: int,
     n = current(report)["num_workers"]
     if rows is None:
         rows = report.get("what_if") or []
-    rows = [r for r in rows if r.get("kind") == "workers"]
     ks = {n}
-    usable = [r for r in rows if not r.get("exceeds") and r["workers"] <= most]
-    if usable:
-        top = max(r["samples_per_s"] for r in usable)
-        best = min(r["workers"] for r in usable if r["samples_per_s"] >= 0.97 * top)
+    best = model_best(rows, most)
+    if best is not None:
         ks |= {best, best - 1, best + 1}
     for f in report.get("findings") or []:
         if f.get("id") == "workers-needed":
             k = (f.get("evidence") or {}).get("workers_needed")
             if isinstance(k, int):
                 ks |= {k, k + 1}
-    if not usable and not n:
+    if best is None and not n:
         ks |= {1, 2}
-    too_many = {r["workers"] for r in rows if r.get("exceeds")}  # past the RAM or the shm
+    too_many = past_memory(rows)
     return sorted(k for k in ks if 0 <= k <= most and (k == n or k not in too_many))
+
+
+def model_best(rows: list[dict[str, Any]], most: int) -> int | None:
+    """The what-if's best worker count among ``rows`` (scenarios.worker_rows): the fewest within
+    3 % of its top rate, up to ``most`` and short of the memory; None without rows."""
+    usable = [r for r in rows if r.get("kind") == "workers" and not r.get("exceeds")
+              and r["workers"] <= most and r.get("samples_per_s")]  # fmt: skip
+    if not usable:
+        return None
+    top = max(r["samples_per_s"] for r in usable)
+    return int(min(r["workers"] for r in usable if r["samples_per_s"] >= 0.97 * top))
+
+
+def past_memory(rows: list[dict[str, Any]]) -> set[int]:
+    """The worker counts the what-if's rows say exceed the RAM or the shared memory."""
+    return {r["workers"] for r in rows if r.get("kind") == "workers" and r.get("exceeds")}
+
+
+def recount(workers: int, cores: int, rows: list[dict[str, Any]]) -> list[int]:
+    """The worker counts to try again once ``persistent_workers`` was kept at ``workers``
+    (NOTE [ Tuning ]): one more and twice as many; where the what-if's best count (its steady
+    state, which kept workers reach) is past twice as many, twice as many and that one. Up to
+    most_workers and short of a count past the RAM or the shared memory (``rows``' ``exceeds``,
+    scenarios.worker_rows)."""
+    too_many, most = past_memory(rows), most_workers(cores)
+    best = model_best(rows, most)
+    counts = {2 * workers, best} if best is not None and best > 2 * workers else {
+        workers + 1, 2 * workers}
+    return sorted(n for n in counts if workers < n <= most and n not in too_many)
 
 
 def knob_candidates(report: dict[str, Any], workers: int, cores: int) -> list[dict[str, Any]]:
@@ -172,10 +209,28 @@ def gain(paired: list[tuple[float, float]]) -> dict[str, Any] | None:
 T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)  # two-sided, df 1..10
 
 
+def chain(step: dict[str, Any] | None, ref: dict[str, Any] | None,
+          via: str) -> dict[str, Any] | None:
+    """A setting's gain over the baseline through ``via``, the setting it was paired with:
+    its gain over ``via`` (``step``) times ``via``'s over the baseline (``ref``). The range and
+    the interval multiply their ends, which is wider than either (both links must hold); the
+    rounds are the fewer of the two, and one link of one round leaves no interval. ``worst``
+    is the lowest round's ratio in any link: ``beats`` wants every link won in every round."""
+    if step is None or ref is None:
+        return None
+    both = step["interval"] is not None and ref["interval"] is not None
+    return {
+        "ratio": step["ratio"] * ref["ratio"], "low": step["low"] * ref["low"],
+        "high": step["high"] * ref["high"], "rounds": min(step["rounds"], ref["rounds"]),
+        "interval": [a * b for a, b in zip(step["interval"], ref["interval"])] if both else None,
+        "via": via, "worst": min(step["low"], ref.get("worst", ref["low"])),
+    }  # fmt: skip
+
+
 def beats(g: dict[str, Any] | None) -> bool:
-    """Enough to change the script: a gain in every paired round, MIN_GAIN at the median, and
-    (two rounds or more) a 95 % interval above 1."""
-    if g is None or g["low"] <= 1.0 or g["ratio"] < MIN_GAIN:
+    """Enough to change the script: a gain in every paired round (of every link, chained),
+    MIN_GAIN at the median, and (two rounds or more) a 95 % interval above 1."""
+    if g is None or g.get("worst", g["low"]) <= 1.0 or g["ratio"] < MIN_GAIN:
         return False
     if g["interval"] is None:  # one round: a larger bar instead
         return bool(g["ratio"] >= ONE_ROUND_GAIN)

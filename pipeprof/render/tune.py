@@ -19,7 +19,8 @@ from pipeprof.render.figures import visible
 def _gain(g: dict[str, Any] | None) -> str:
     if not g:
         return ""
-    return f"×{g['ratio']:.2f} ({g['low']:.2f}–{g['high']:.2f})"
+    chained = "*" if g.get("via") else ""
+    return f"×{g['ratio']:.2f} ({g['low']:.2f}–{g['high']:.2f}){chained}"
 
 
 def _state(trial: dict[str, Any], chosen: bool) -> Text:
@@ -61,7 +62,8 @@ def table(data: dict[str, Any]) -> RenderableType:
         interval = g.get("interval")
         within = (f", 95 % interval ×{interval[0]:.2f}–×{interval[1]:.2f}"
                   if interval else "")  # fmt: skip
-        parts.append(Text(f"chosen: {chosen}: ×{g['ratio']:.2f} the script's rate (median of "
+        how = f"chained through {g['via']}, " if g.get("via") else "median of "
+        parts.append(Text(f"chosen: {chosen}: ×{g['ratio']:.2f} the script's rate ({how}"
                           f"{g['rounds']} paired rounds{within})", style="bold green"))  # fmt: skip
     else:
         parts.append(Text("keep the script as it is: no setting tried beat it in every round "
@@ -73,6 +75,9 @@ def table(data: dict[str, Any]) -> RenderableType:
         parts.append(Text("dropped: clearly slower than the leader after a round (its best "
                           "under 80 % of the leader's median), or stopped halfway",
                           style="dim"))  # fmt: skip
+    if any((r.get("vs_baseline") or {}).get("via") for r in data["trials"]):
+        parts.append(Text("*: chained: the gain over the best setting so far, which it ran "
+                          "beside, times that one's gain over the script", style="dim"))
     for note in data.get("notes") or []:
         parts.append(Text(f"note: {note}", style="dim"))
     if diff:
