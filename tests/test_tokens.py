@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pipelines import plain_and_profiled, same_batches
+from pipelines import plain_and_profiled, same_batches, spin
 from torch.utils.data import DataLoader, Dataset
 
 import pipeprof
@@ -24,14 +24,15 @@ def _tokenizer():
 
 
 class Texts(Dataset):  # type: ignore[type-arg]
-    """32 texts of ``lengths[i % len(lengths)]`` words, tokenized in ``__getitem__``."""
+    """``n`` texts of ``lengths[i % len(lengths)]`` words, tokenized in ``__getitem__``."""
 
-    def __init__(self, lengths: list[int]) -> None:
+    def __init__(self, lengths: list[int], n: int = 32) -> None:
         self.lengths = lengths
+        self.n = n
         self.tok = _tokenizer()
 
     def __len__(self) -> int:
-        return 32
+        return self.n
 
     def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
         n = self.lengths[i % len(self.lengths)]
@@ -69,6 +70,41 @@ def test_the_padding_share_of_token_batches(workers, lengths, share):
     assert f"padding: {share:.0%} of the tokens are pad tokens" in report.render("text")
 
 
+@pytest.mark.timing
+@pytest.mark.parametrize(("lengths", "fires"), [([2, 4, 8, 16], True), ([6, 7, 8, 8], False),
+                                                ([8], False)])  # fmt: skip
+def test_padding_that_wastes_the_compute_is_a_finding(lengths, fires):
+    """A compute-bound loop (3 ms of compute a step) over batches padded 53 %: the finding, a
+    warning, with the compute a step the pads stand for. Near misses: 9 % of pads (lengths 6 to
+    8), none. Profiling the loader alone (no loop): information, with no compute figure."""
+    from transformers import DataCollatorWithPadding
+
+    from pipeprof.analyze.tokens import PAD_WASTE
+
+    data = Texts(lengths)
+    loader = DataLoader(data, batch_size=4, collate_fn=DataCollatorWithPadding(data.tok))
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _ in prof.wrap(loader):
+            spin(3.0)
+    report = prof.report().to_dict()
+    share = report["tokens"]["padding_share"]
+    found = {f["id"]: f for f in report["findings"]}
+    assert ("padding" in found) == fires == (share >= PAD_WASTE)
+    if not fires:
+        return
+    f = found["padding"]
+    assert f["severity"] == "warning" and f["stage"] == "collate"
+    ev = f["evidence"]
+    assert ev["padding_share"] == pytest.approx(34 / 64) and ev["pad_tokens"] == 8 * 34
+    assert ev["compute_ms_per_step"] >= 3.0 and ev["compute_fraction"] >= 0.5
+    assert ev["pad_compute_ms_per_step"] == pytest.approx(ev["compute_ms_per_step"] * 34 / 64)
+    assert "group_by_length=True" in f["fix"] and "53% of the batches' tokens" in f["message"]
+    alone = pipeprof.profile(loader).to_dict()
+    f = {f["id"]: f for f in alone["findings"]}["padding"]
+    assert f["severity"] == "info" and "compute_ms_per_step" not in f["evidence"]
+
+
 def test_batches_without_an_attention_mask_have_no_token_figures():
     """Plain tensors (and a mapping without ``attention_mask``) are not token batches."""
     loader = DataLoader([{"x": torch.ones(3)} for _ in range(8)], batch_size=4)
@@ -96,27 +132,32 @@ class TokenizeBatch:
 
 @pytest.mark.parametrize("context", [None, "fork", "spawn"])
 def test_a_tokenizer_called_once_a_text_is_a_stage_and_the_fix_says_once_a_batch(context):
-    """``__getitem__`` tokenizes its text (32 calls of one text): ``load/tokenize``, a fast
+    """``__getitem__`` tokenizes its text (512 calls of one text): ``load/tokenize``, a fast
     tokenizer's, counted in the training process and in 2 workers (a spawned one patches its
     own class); the verdict's stage, and the fix is to call it once a batch
-    (benchmarks/tokenize_batched.py followed it)."""
+    (benchmarks/tokenize_batched.py followed it).
+
+    The tokenizer's calls cost about 2.5 times the collator's. 512 texts (~25 ms of calls, not
+    32's ~2 ms) so that a slice of CPU taken by another program while a worker collates a batch
+    cannot outweigh them: with 32, one did (a landing's CI, two tests at a time)."""
     from transformers import DataCollatorWithPadding
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
     plain_call = PreTrainedTokenizerBase.__call__
-    data = Texts([1, 2, 4, 8, 16, 32])
+    data = Texts([1, 2, 4, 8, 16, 32], n=512)
     kw = {"num_workers": 2, "multiprocessing_context": context} if context else {}
     collate = DataCollatorWithPadding(data.tok, return_tensors="pt")
-    # batches of 8: the collator's 4 calls cost far less than the 32 tokenizer calls
+    # batches of 8: the collator's 64 calls cost less than the 512 tokenizer calls
     loader = DataLoader(data, batch_size=8, collate_fn=collate, **kw)
-    profiled = pipeprof.profile(loader)
+    profiled = pipeprof.profile(loader, stage_every=1)  # every call counted
     report = profiled.to_dict()
-    said = "tokenizer: 32 calls, 1 texts and"
+    said = "tokenizer: 512 calls, 1 texts and"
     assert said in profiled.render("text") and said in profiled.render("html")
     assert PreTrainedTokenizerBase.__call__ is plain_call  # put back once the profile ends
-    assert report["stages"]["load/tokenize"]["count"] == 32
+    assert report["stages"]["load/tokenize"]["count"] == 512
     tok = report["tokens"]["tokenizer"]
-    assert (tok["calls"], tok["texts"], tok["fast_share"], tok["releases_gil"]) == (32, 32, 1, True)
+    assert (tok["calls"], tok["texts"]) == (512, 512)
+    assert (tok["fast_share"], tok["releases_gil"]) == (1, True)
     assert report["verdict"]["stage"] == "load/tokenize"
     dominant = next(f for f in report["findings"] if f["id"] == "dominant-stage")
     assert "called once a text" in dominant["fix"] and "once a batch" in dominant["fix"]

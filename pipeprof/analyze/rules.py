@@ -25,7 +25,9 @@ from pipeprof.analyze.scenarios import (
     training_cores,
     worker_cpu_share,
 )
+from pipeprof.analyze.streams import STREAM_RULES
 from pipeprof.analyze.tf_rules import TF_RULES
+from pipeprof.analyze.tokens import TOKEN_RULES
 from pipeprof.analyze.verdict import MODERATE_WAIT, handover_overlapped, loop_view, other_load
 from pipeprof.analyze.whatif import throughput, workers_to_feed
 from pipeprof.core.regions import region_class
@@ -962,5 +964,7 @@ RULES: list[Rule] = [
     *ACCOUNTING_RULES,  # the workers' samples (accounting.py)
     *MEMORY_RULES,  # the workers' memory (memory.py)
     *HANG_RULES,  # a wait for one batch far past any other (hangs.py)
+    *TOKEN_RULES,  # token batches' padding (tokens.py)
+    *STREAM_RULES,  # a streamed dataset's shuffle buffer at the start (streams.py)
     rule_overhead,  # last: within a severity, pipeprof's own measurement after the pipeline's
 ]

@@ -514,6 +514,32 @@ def _step_paths(steps: list[Any]) -> dict[int, str]:
     return paths
 
 
+def stream_facts(dataset: Any) -> dict[str, Any] | None:
+    """A WebDataset pipeline's steps (their stages, in order) and its sample shuffles, each with
+    its buffer and how many samples it holds before its first (NOTE [ A shuffle buffer's start ]
+    in analyze/streams.py); None for other datasets. A shuffle before ``open`` shuffles the
+    shards' names, not samples: left out."""
+    steps = getattr(dataset, "__dict__", {}).get("pipeline")
+    if type(dataset).__module__.split(".")[0] != "webdataset" or not isinstance(steps, list):
+        return None
+    paths = _step_paths(steps)
+    order = [paths[id(step)] for step in steps[1:]]
+    shuffles = []
+    opened = False
+    for k, step in enumerate(steps[1:]):
+        opened = opened or paths[id(step)] == "load/open"
+        if not opened or getattr(getattr(step, "f", None), "__name__", "") != "_shuffle":
+            continue
+        args: tuple[Any, ...] = tuple(getattr(step, "args", None) or ())
+        kw: dict[str, Any] = getattr(step, "kw", None) or {}
+        size = args[0] if args else kw.get("bufsize", 1000)
+        first = args[1] if len(args) > 1 else kw.get("initial", 100)
+        if isinstance(size, int) and isinstance(first, int) and size > 0:
+            shuffles.append({"stage": order[k], "step": k, "bufsize": size,
+                             "initial": min(first, size)})  # fmt: skip
+    return {"steps": order, "shuffles": shuffles}
+
+
 class TimedIter:
     """An iterator whose every ``next()`` is timed as the absolute stage ``path``."""
 

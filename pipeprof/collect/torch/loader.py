@@ -57,7 +57,12 @@ from pipeprof.collect import fetch as netreads
 from pipeprof.collect import hdf5, ranks, tokenizer
 from pipeprof.collect.loop import HANG_S
 from pipeprof.collect.torch import epochs, hangs, memory, shm
-from pipeprof.collect.torch.dataset import apply_marks, instrument_dataset, timed_pipeline
+from pipeprof.collect.torch.dataset import (
+    apply_marks,
+    instrument_dataset,
+    stream_facts,
+    timed_pipeline,
+)
 from pipeprof.core.batch import (
     Sketch,
     batch_nbytes,
@@ -1575,6 +1580,8 @@ def describe(loader: DataLoader, device: torch.device | None) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "in_worker": get_worker_info() is not None,
+        # a WebDataset's steps and sample shuffles (NOTE [ A shuffle buffer's start ]); else None
+        "stream": stream_facts(loader.dataset),
     }
 
 
