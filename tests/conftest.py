@@ -38,6 +38,7 @@ def nothing_leaks():
     assert not leaked, f"sampler threads left running: {leaked}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: it sees the ``serial`` marks added here
 def pytest_collection_modifyitems(config, items):
     """Tests that build whole environments run last, so their load never overlaps a timing test.
 
@@ -47,8 +48,12 @@ def pytest_collection_modifyitems(config, items):
     a few minutes); a wrong measurement fails all three. No other test is re-run: one that fails
     under load is made not to depend on it, or its cause is found, so that a new flaky test shows
     at once.
+
+    Every ``timing`` test is also ``serial``: the README's test command runs the tests that are
+    not two at a time (pytest-xdist), then the ``serial`` ones alone.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
     for item in items:
         if item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.flaky(reruns=2, reruns_delay=15))
+            item.add_marker(pytest.mark.serial)

@@ -120,7 +120,7 @@ def test_image_folder_gets_read_and_decode(tmp_path):
     make_images(tmp_path, count=8, size=(96, 64))
     chain = transforms.Compose([transforms.Resize(32), transforms.ToTensor()])
     ds = datasets.ImageFolder(str(tmp_path), transform=chain, target_transform=lambda t: t + 1)
-    b = pipeprof.bench(ds, repeat=1, warmup=1, probe=False)
+    b = pipeprof.bench(ds, repeat=3, warmup=1, probe=False)  # 3 passes: the share's noise
     s = b["stages"]
     assert list(s) == ["load", "load/read", "load/decode", "transform/Resize",
                        "transform/ToTensor", "transform/target_transform"]  # fmt: skip

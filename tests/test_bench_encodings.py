@@ -121,9 +121,10 @@ def test_the_rates_are_anchored_to_a_real_run_of_the_current_encoding(jpegs):
                                  seconds=1.0)  # fmt: skip
     a, cur = e["anchor"], e["rows"][0]
     assert a["skipped"] is None and a["workers"] == 2
-    # 2 workers sleeping 4 ms a sample deliver at most 500 samples/s; the model, which never
-    # saw the sleep, says several times that
-    assert 250 < a["measured_samples_per_s"] < 500, a
+    # 2 workers sleeping 4 ms a sample deliver at most 500 samples/s (the decode's CPU on top
+    # lowers it, more so when other programs share the cores); the model, which never saw the
+    # sleep, says several times that
+    assert 150 < a["measured_samples_per_s"] < 500, a
     assert cur["model_samples_per_s"] > 1.5 * a["measured_samples_per_s"]
     assert cur["predicted_samples_per_s"] == pytest.approx(a["measured_samples_per_s"], abs=1e-3)
     assert cur["measured_samples_per_s"] == a["measured_samples_per_s"]

@@ -60,14 +60,21 @@ def test_a_with_transform_function_is_a_stage_and_the_arrow_read_is_load_read(co
     assert ds._format_kwargs["transform"] is to_tensors
 
 
+def slow_tensors(batch):  # type: ignore[no-untyped-def]
+    """``to_tensors`` after a 15 ms wait: 20 times the Arrow read's CPU a batch, so that another
+    test's load on the read cannot make it the larger."""
+    time.sleep(0.015)
+    return {"x": torch.tensor(batch["x"]), "y": torch.tensor(batch["y"])}
+
+
 def test_set_transform_in_place_and_the_verdict_names_it():
     """``set_transform`` on the dataset itself; no workers, no step: the transform is the stage
     that limits the loader."""
     ds = table(96)
-    ds.set_transform(to_tensors)
+    ds.set_transform(slow_tensors)
     report = pipeprof.profile(DataLoader(ds, batch_size=8)).to_dict()
-    assert report["verdict"]["stage"] == "transform/to_tensors", report["verdict"]
-    assert _stages(report)["transform/to_tensors"]["count"] == 12
+    assert report["verdict"]["stage"] == "transform/slow_tensors", report["verdict"]
+    assert _stages(report)["transform/slow_tensors"]["count"] == 12
 
 
 def test_a_dataset_without_a_transform_has_only_its_read():

@@ -312,9 +312,10 @@ def test_steady_figures_cover_batches_the_ring_dropped(tmp_path, small_rings):
     (10,000 by default: an ImageNet epoch at batch size 128 has 10,010 batches). Without
     workers, iter() follows the profile's start within microseconds and the run ends within
     microseconds of the last batch, so steady wall = wall - start-up, less what other programs
-    take there: on a loaded machine 3-6 ms of a 10-20 ms run, so the samples cost 1 ms each here
-    (a run of about 90 ms); the ring alone would hold 5 of the 39 later batches."""
-    loader = DataLoader(CostDataset(80, load_ms=1.0), batch_size=2)
+    take there: on a loaded machine 3-6 ms of a 10-20 ms run, so the samples cost 2 ms each here
+    (a run of about 170 ms, 15 % of it ~25 ms); the ring alone would hold 5 of the 39 later
+    batches."""
+    loader = DataLoader(CostDataset(80, load_ms=2.0), batch_size=2)
     report = pipeprof.profile(loader, stage_every=1)
     steady = report["steady"]
     after_start = report["wall_s"] - report["startup_s"]

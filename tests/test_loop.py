@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 
 import pytest
@@ -340,28 +341,41 @@ def test_the_profilers_own_setup_is_counted_as_its_cost():
 def test_the_computes_cpu_time_is_read_on_steps_spread_over_the_run():
     """NOTE [ CPU training shares the cores ] reads the process's CPU time on a few steps and
     scales it: the first 10 steps here sleep and the last 30 burn a core, so a reading of the
-    first steps alone says no core is used. Spread by time, it reads about 3/4 of one."""
+    first steps alone says no core is used. Spread by time, it reads about 3/4 of one quiet, less
+    where another program takes part of the core (the steps' own CPU clock says how much)."""
     prof = pipeprof.Profiler(sample_hz=0)
+    cpu = wall = 0
     with prof:
         for i, _ in enumerate(prof.wrap(DataLoader(CostDataset(40), batch_size=1))):
+            c0, t0 = time.process_time_ns(), time.perf_counter_ns()
             if i < 10:
                 time.sleep(0.025)
             else:
                 spin(25)
+            cpu, wall = cpu + time.process_time_ns() - c0, wall + time.perf_counter_ns() - t0
     report = prof.report().to_dict()
     busy = report["meta"]["compute_cpu_ns"] / 1e9 / report["loop"]["compute_s"]
-    assert 0.6 < busy < 0.9, busy
+    truth = cpu / wall
+    # 0.40 in one CI run two at a time (and read 0.40): a floor that keeps a reading of the
+    # sleeping steps alone (~0) more than the tolerance away
+    assert truth > 0.15 and busy == pytest.approx(truth, abs=0.1), (busy, truth)
 
 
 class OnlyWhileProfiled:
-    """Burns 200 µs of this thread's CPU a sample, but only while pipeprof records: a cost of
-    profiling whose size is known."""
+    """Burns ``ns`` of this thread's CPU a sample (200 µs unless told), but only while pipeprof
+    records: a cost of profiling whose size is known."""
+
+    def __init__(self, ns: int = 200_000):
+        self.ns = ns
+        self.walls: list[int] = []  # each spin's wall time, in the process that ran it
 
     def __call__(self, x):
         if recorder().enabled:
-            end = time.thread_time_ns() + 200_000
+            t0 = time.perf_counter_ns()
+            end = time.thread_time_ns() + self.ns
             while time.thread_time_ns() < end:
                 pass
+            self.walls.append(time.perf_counter_ns() - t0)
         return x
 
 
@@ -380,15 +394,18 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
     assert c["on"] == AB_MIN_OFF and c["timed"] == TIMED_FIRST and c["cold"] == 0
     prof = pipeprof.Profiler(sample_hz=0)
     with prof:
-        for _ in prof.wrap(DataLoader(CostDataset(n, transform=OnlyWhileProfiled()), batch_size=4)):
+        spin = OnlyWhileProfiled(2_000_000)
+        data = CostDataset(n, transform=spin)
+        for _ in prof.wrap(DataLoader(data, batch_size=4)):
             pass
     report = prof.report()
     ab = report["overhead"]["unprofiled_batches"]
     assert ab["batches"] == [c["on"], c["off"]] and ab["unprofiled_samples"] == c["unprofiled"] * 4
     assert c["lean"] > c["off"]  # NOTE [ The short path ]: most are outside the comparison
-    # the injected 200 µs a sample, and pipeprof's own regions around it (a few µs; 20 µs on a
-    # loaded machine)
-    assert 200_000 <= ab["per_sample_ns"] <= 260_000 and ab["used"], ab
+    # the injected 2 ms a sample, and pipeprof's own regions around it: a few µs quiet, 20 µs on
+    # a loaded machine, 71 µs once in a CI run two tests at a time (the CPU of 8 batches against
+    # 8: one page fault or collection in a batch weighs that much), against 250 µs of slack
+    assert 2_000_000 <= ab["per_sample_ns"] <= 2_250_000 and ab["used"], ab
     profiled = c["profiled"] * 4
     assert report["overhead"]["regions_s"] == pytest.approx(
         ab["per_sample_ns"] * profiled / 1e9, rel=1e-3
@@ -397,11 +414,13 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
     stage = report["stages"]["transform/OnlyWhileProfiled"]
     assert stage["count"] == profiled  # the unprofiled batches have no records
     # scaled in two strata (the first batches as they are, the later timed ones for the later
-    # batches), every timed call at least the 200 µs it spins (wall time: a call preempted on
-    # this shared machine takes ms, and weighs more in the later stratum; the median does not)
-    assert stage["per_sample_ms"] >= 0.199 and stage["mean_ms"] >= 0.199
+    # batches), every timed call at least the 2 ms it spins (wall time: a call preempted on
+    # this shared machine takes longer, and weighs more in the later stratum); the median is
+    # the spins' own, as they read their wall time
+    assert stage["per_sample_ms"] >= 1.999 and stage["mean_ms"] >= 1.999
     assert stage["total_s"] == pytest.approx(stage["per_sample_ms"] * n / 1e3, rel=1e-3)
-    assert stage["p50_ms"] == pytest.approx(0.2, rel=0.15)
+    assert len(spin.walls) == profiled
+    assert stage["p50_ms"] == pytest.approx(statistics.median(spin.walls) / 1e6, rel=0.05)
     # what the regions add to the stages is of the time they ran in, not of the scaled totals
     o = report["overhead"]
     top = [r for p, r in report["stages"].items() if "/" not in p]
@@ -788,8 +807,9 @@ def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch)
     fast, session, fetched = _hand_fast_loop(monkeypatch, fast=True)
     slow, _, none = _hand_fast_loop(monkeypatch, fast=False)
     # all but the first 80, 1 in 32 or so after, and a step every 20 ms (it reads the CPU time):
-    # 205 or so on a quiet machine, 183 beside a busy core
-    assert none == 0 and fetched >= 150
+    # 205 or so on a quiet machine, 183 beside a busy core (a slower run has more steps 20 ms
+    # apart); a short path not taken fetches none
+    assert none == 0 and fetched >= 100
     # each of the Profiler's passes' batches is a step: 300, and 2 in each of 6 nested passes
     for key in ("steps", "epochs"):
         assert fast["loop"][key] == slow["loop"][key] == (312 if key == "steps" else 7)
@@ -808,10 +828,12 @@ def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch)
             assert compute >= 0.3e6, (k, compute)
         if k + 1 < len(mine) and k % 50 != 49:
             gaps.append(mine[k + 1][0] - (t_req + wait + compute))
-    assert min(gaps) >= 0 and sum(g == 0 for g in gaps) >= 150, sorted(gaps)[:5]
-    # the user's region in step 120 is that step's transfer, as through the generator
-    assert fast["loop"]["transfer_s"] == pytest.approx(slow["loop"]["transfer_s"], rel=0.5)
-    assert fast["loop"]["transfer_s"] >= 0.1e-3
+    assert min(gaps) >= 0 and sum(g == 0 for g in gaps) >= 100, sorted(gaps)[:5]  # as fetched
+    # the user's region in step 120 is that step's transfer, as through the generator (each
+    # run against its own region: a 0.1 ms spin of one run may be preempted, the other's not)
+    for run in (fast, slow):
+        spun = run["loop"]["regions"]["Transfer"]["total_s"]
+        assert run["loop"]["transfer_s"] == pytest.approx(spun, rel=0.05) and spun >= 0.1e-3
     fast_ns, main_ns = session.costs["fast_ns"], session.costs["main_ns"]
     assert 0 < fast_ns < fetched * 50_000
     assert fast["overhead"]["main_s"] == pytest.approx((fast_ns + main_ns) / 1e9, abs=2e-6)

@@ -141,6 +141,7 @@ class SlowerInAWorker:
         return x
 
 
+@pytest.mark.serial  # re-predicts its runs for cores no other program shares
 def test_worker_predictions_are_anchored_to_the_runs_measured():
     """NOTE [ Anchored predictions ] (bench/bench.py)."""
     ds = CostDataset(64, transform=SlowerInAWorker())

@@ -369,6 +369,7 @@ def test_the_step_regions_take_the_short_path_and_state_their_cost():
     )
 
 
+@pytest.mark.serial  # counts steps against the machine's speed
 def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_took(monkeypatch):
     """NOTE [ Regions in a sample of the steps ] (attach/regions.py): a region's clock made to cost
     100 µs a read (6 reads a timed step), the timed steps' compute against the quiet ones'
@@ -483,6 +484,7 @@ def _fast_path_loop(
     return report.to_dict(), entry.session, fetched[0]
 
 
+@pytest.mark.serial  # counts steps against the machine's speed
 def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
     """NOTE [ The fast path ] (attach/run.py): a long in-process pass's short-path batches fetched
     past the pass's generators make the same steps, batches, samples, sampled regions and
@@ -514,7 +516,10 @@ def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
         if k + 1 < len(ring) and k % 50 != 49:  # a nested pass's step holds its overhead too
             gaps.append(ring[k + 1][0] - (t_req + wait + compute))
     assert min(gaps) >= 0, min(gaps)
-    assert sum(g == 0 for g in gaps) >= 200 and sorted(gaps)[len(gaps) // 2] < 20_000
+    # exactly back to back after a fast step, but where the next step goes through the pass (a
+    # profiled batch; a CPU-time read every 20 ms, so their count follows the machine's speed):
+    # 0.84-0.88 of the fast steps in three quiet runs (194-209 of 231-238; a fixed 200 failed one)
+    assert sum(g == 0 for g in gaps) >= 0.75 * fetched and sorted(gaps)[len(gaps) // 2] < 20_000
     # the fast path's own time in next(), measured in each of its steps, is stated with the
     # loader's bookkeeping there
     fast_ns, main_ns = session.costs["fast_ns"], session.costs["main_ns"]
@@ -527,6 +532,7 @@ def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
     assert loop["wait_s"] + loop["compute_s"] + loop["overhead_s"] <= loop["wall_s"] * 1.001
 
 
+@pytest.mark.serial  # counts steps against the machine's speed
 def test_the_fast_path_states_its_cost_with_no_regions_timed(monkeypatch):
     """``--no-regions``: no in-situ factor is measured, and the fast path's own time and its
     fetch frames are still stated, the frames at their probe unscaled."""
@@ -575,7 +581,9 @@ def test_the_first_pass_loads_no_module_of_pipeprof_or_psutil():
 def test_the_fast_path_reads_the_computes_cpu_time_as_the_pass_would():
     """NOTE [ CPU training shares the cores ] under ``pipeprof run``: the steps due a reading of
     the process's CPU time are made through the pass, not the fast path, so the readings stay
-    spread over the run. The first 10 steps sleep and the last 50 burn a core: about 5/6."""
+    spread over the run. The first 10 steps sleep and the last 50 burn a core: about 5/6 quiet,
+    less where another program takes part of the core (the steps' own CPU clock says how much:
+    a reading of the sleeping steps alone says ~0, of the burning ones alone ~1)."""
     from pipelines import CostDataset, spin
     from torch.utils.data import DataLoader
 
@@ -583,18 +591,23 @@ def test_the_fast_path_reads_the_computes_cpu_time_as_the_pass_would():
 
     run = Run(sample_hz=0)
     run.install()
+    cpu = wall = 0
     try:
         for i, _ in enumerate(DataLoader(CostDataset(60), batch_size=1)):
+            c0, t0 = time.process_time_ns(), time.perf_counter_ns()
             if i < 10:
                 time.sleep(0.025)
             else:
                 spin(25)
+            cpu, wall = cpu + time.process_time_ns() - c0, wall + time.perf_counter_ns() - t0
     finally:
         run.uninstall()
     [(_, report)] = run.reports()
     d = report.to_dict()
-    busy = d["meta"]["compute_cpu_ns"] / 1e9 / d["loop"]["compute_s"]
-    assert 0.7 < busy < 0.95, busy
+    busy, truth = d["meta"]["compute_cpu_ns"] / 1e9 / d["loop"]["compute_s"], cpu / wall
+    # 0.40 in one CI run two at a time (and read 0.40): a floor that keeps a reading of the
+    # sleeping steps alone (~0) more than the tolerance away
+    assert truth > 0.15 and busy == pytest.approx(truth, abs=0.1), (busy, truth)
 
 
 def test_patches_are_undone_in_reverse_and_put_back_what_the_class_held():
