@@ -385,8 +385,17 @@ def test_ctrl_c_shows_what_was_measured_and_leaves_the_script_alone(tmp_path):
     assert "interrupted after 2 trials" in out or "interrupted after 3 trials" in out, out
     assert "as it is" in out  # the table of what ran
     assert (tmp_path / "tune_train.py").read_bytes() == SCRIPT.read_bytes()  # nothing applied
-    ps = subprocess.run(["pgrep", "-af", "pipeprof.attach.trial"], capture_output=True, text=True)
-    assert "tune_train.py" not in ps.stdout  # no trial left running
+    # no trial of this tune left running (its trials run in its folder; another test's tune,
+    # running beside this one, is in its own)
+    ps = subprocess.run(["pgrep", "-f", "pipeprof.attach.trial"], capture_output=True, text=True)
+    left = []
+    for pid in ps.stdout.split():
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(tmp_path):
+                left.append(pid)
+        except OSError:  # gone meanwhile
+            pass
+    assert not left, ps.stdout
 
 
 def test_run_end_script_stops_the_script_once_the_batches_are_profiled(tmp_path):
