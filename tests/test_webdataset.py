@@ -143,3 +143,43 @@ def test_a_shuffle_buffer_that_holds_the_start_is_found_and_its_fix_holds(shard_
     after = DataLoader(shuffled(shard_files, first, read_first=False), batch_size=8, **kw)
     near = pipeprof.profile(after).to_dict()
     assert "shuffle-start" not in {x["id"] for x in near["findings"]}, near["startup_s"]
+
+
+@pytest.mark.parametrize(("shards", "workers"), [(4, 2), (3, 4)])
+def test_each_worker_s_shards_are_counted_and_a_worker_with_none_is_named(
+    tmp_path, shards, workers
+):
+    """Local shards split by worker (NOTE [ Shards a worker opened ]): 4 shards for 2 workers,
+    2 each and no finding; 3 for 4, one each and the fourth opened none and delivered nothing:
+    ``idle-workers`` names it, the shard list's length, and the fix's counts."""
+    from netdata import shard
+
+    files = []
+    for i in range(shards):
+        (tmp_path / f"shard-{i}.tar").write_bytes(shard(i))
+        files.append(str(tmp_path / f"shard-{i}.tar"))
+    data = wds.WebDataset(files, shardshuffle=False, empty_check=False).decode()
+    data = data.to_tuple("npy", "cls")
+    if shards >= workers:  # first in this process, whose count forked workers start from 0
+        alone = pipeprof.profile(DataLoader(data, batch_size=4)).to_dict()
+        assert [w["shards"] for w in alone["workers"]] == [shards]
+    loader = DataLoader(data, batch_size=4, num_workers=workers)
+    report = pipeprof.profile(loader).to_dict()
+    assert report["batches"] == shards * SHARD_SAMPLES // 4
+    opened = {w["id"]: w["shards"] for w in report["workers"]}
+    assert report["accounting"]["shards"] == shards
+    idle = [f for f in report["findings"] if f["id"] == "idle-workers"]
+    if shards >= workers:
+        assert opened == {0: 2, 1: 2} and not idle
+        return
+    assert opened == {0: 1, 1: 1, 2: 1}
+    (found,) = idle
+    assert found["evidence"]["workers"] == [3]
+    assert "opened no shard" in found["message"]
+    assert "3 shard(s) in its shard list for 4 workers" in found["message"]
+    assert "at least 4 shards, or num_workers=3" in found["fix"]
+    rows = {r["workers"]: r for r in report["what_if"] if r["kind"] == "workers"}
+    assert rows[8]["limit"] == rows[4]["limit"] == "shards"  # the what-if: 3 workers' rate
+    assert rows[8]["samples_per_s"] == rows[4]["samples_per_s"]
+    top = next(r for r in report["what_if"] if r["kind"] == "ceiling")
+    assert top["workers"] <= 3

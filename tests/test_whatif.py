@@ -62,6 +62,16 @@ def test_the_hand_over_caps_the_rate_without_loading_a_core():
     assert solve(m, 0)["samples_per_s"] == pytest.approx(500)  # no workers: no hand-over
 
 
+def test_workers_past_a_stream_s_shards_add_nothing():
+    """An iterable dataset with 3 shards: a 4th worker gets none, so 8 workers run as 3 do,
+    said as the limit; the ceiling is at 3 even where waiting would scale for ever."""
+    m = wait(2.0, shards=3)
+    assert throughput(m, 8) == pytest.approx(throughput(m, 3)) == pytest.approx(1500)
+    assert solve(m, 8)["limit"] == "shards" and solve(m, 3)["limit"] == "workers"
+    assert ceiling(m) == (pytest.approx(1500), 3) and workers_for(m, 2000) is None
+    assert ceiling(cpu(2.0, shards=3)) == (pytest.approx(1000), 2)  # the cores first
+
+
 def test_mixed_stage_saturates_the_cpu_part():
     m = Model((StageCost("load", 4.0, 1.0),), cores=2)  # 1 ms CPU + 3 ms waiting
     assert throughput(m, 2) == pytest.approx(500)  # each worker has a core when it wants one

@@ -261,6 +261,11 @@ def rule_same_stream(report: dict[str, Any], facts: dict[str, Any]) -> Finding |
     )
 
 
+def _opened(opened: dict[Any, int | None]) -> str:
+    """``worker 0: 2, worker 1: 1``: the shards each worker that opened any opened."""
+    return ", ".join(f"worker {i}: {k}" for i, k in sorted(opened.items(), key=str) if k)
+
+
 def rule_idle_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
     """Workers that delivered no batch, or far below an even share of the samples."""
     acc = report.get("accounting")
@@ -279,11 +284,26 @@ def rule_idle_workers(report: dict[str, Any], facts: dict[str, Any]) -> Finding 
         message = (f"{shares} of the samples, far below an even share ({1 / n:.0%}): the "
                    "others did its work")  # fmt: skip
     shards = acc.get("shards")
+    wds = bool((report.get("meta") or {}).get("stream"))  # a WebDataset pipeline's steps
+    opened = {w["id"]: w.get("shards") for w in report.get("workers") or []}
+    if wds and acc["silent"] and any(opened.values()):  # NOTE [ Shards a worker opened ]
+        who = "it" if len(acc["silent"]) == 1 else "they"
+        message += f"; {who} opened no shard (the others opened {_opened(opened)})"
     if shards is not None and shards < n:
-        message += f"; the dataset has {shards} shard(s) (num_shards) for {n} workers"
+        what = "in its shard list" if wds else "(num_shards)"
+        message += f"; the dataset has {shards} shard(s) {what} for {n} workers"
     iterable = bool(report.get("meta", {}).get("iterable"))
     fix = (
-        "an IterableDataset whose source has fewer shards than workers (a Hugging Face "
+        "WebDataset gives each worker its own shards (split_by_worker): with fewer shards "
+        "than workers some get none, and shards that do not divide evenly leave some workers "
+        "short at each epoch's end; write the data as many more shards than workers (a "
+        "multiple of num_workers × the ranks: webdataset's ShardWriter(maxcount=...) sets "
+        "the samples a shard), or set num_workers to at most the shards a rank reads; an idle "
+        "worker costs its memory and start-up for nothing"
+        + (f"; here: at least {n} shards, or num_workers={shards}"
+           if shards is not None and shards < n else "")
+        if wds
+        else "an IterableDataset whose source has fewer shards than workers (a Hugging Face "
         "IterableDataset with n_shards=1, fewer files than workers) leaves workers without "
         "data, and uneven shards leave them short: set num_workers to at most the number of "
         "shards, or split the source into more, even shards (Hugging Face: "

@@ -91,7 +91,15 @@ def from_report(report: dict[str, Any], cores: int) -> Model | None:
     collate_cpu = collate * (1.0 if cpu_share is None else cpu_share)
     collate, collate_cpu = collate - collate_cpu * (1.0 - alone), collate_cpu * alone
     return Model(tuple(stages), size, effective, 0.0, collate_cpu if full else collate,
-                 collate_cpu, handover_ms=handover)  # fmt: skip
+                 collate_cpu, handover_ms=handover, shards=stream_shards(report))  # fmt: skip
+
+
+def stream_shards(report: dict[str, Any]) -> int | None:
+    """The shards an iterable dataset says it has (``accounting.shards``: Hugging Face's
+    ``num_shards``, a WebDataset's shard list): workers past them get no data."""
+    acc = report.get("accounting") or {}
+    shards = acc.get("shards") if (report.get("meta") or {}).get("iterable") else None
+    return shards if isinstance(shards, int) and shards > 0 else None
 
 
 def scaled_cores(report: dict[str, Any], cores: int) -> tuple[float, float]:

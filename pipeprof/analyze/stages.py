@@ -57,6 +57,7 @@ class WorkerRow(TypedDict):
     gc_faults: int
     batches: int
     samples: int
+    shards: int | None  # the WebDataset shards it opened (None: no shard opened by any)
     busy_fraction: float | None
     samples_per_busy_s: float | None
 
@@ -232,6 +233,7 @@ def tree_order(paths: Iterable[str]) -> list[str]:
 
 def worker_table(session: Session, wall_ns: int) -> list[WorkerRow]:
     rows: list[WorkerRow] = []
+    opened = any(w.shards for w in session.workers.values())
     for track, w in sorted(session.workers.items(), key=lambda kv: _worker_key(kv[0])):
         rows.append(
             {
@@ -245,6 +247,7 @@ def worker_table(session: Session, wall_ns: int) -> list[WorkerRow]:
                 "gc_faults": w.gc_faults,
                 "batches": w.batches,
                 "samples": w.samples,
+                "shards": w.shards if opened else None,
                 "busy_fraction": round(min(1.0, w.busy_ns / wall_ns), 6) if wall_ns else None,
                 "samples_per_busy_s": round(w.samples / (w.busy_ns / 1e9), 3)
                 if w.busy_ns

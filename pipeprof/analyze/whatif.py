@@ -70,6 +70,7 @@ class Model:
     send_ms: float = 0.0
     main_ms: float = 0.0
     handover_ms: float = 0.0  # wall time per batch from ready to received: a serial floor
+    shards: int | None = None  # the most workers that get data (an iterable dataset's shards)
 
     def roots(self) -> list[StageCost]:
         paths = {s.path for s in self.stages}
@@ -98,10 +99,13 @@ def solve(model: Model, workers: int) -> dict[str, Any]:
 
     Returns ``samples_per_s``, ``stretch`` (how much each CPU ms stretches, 1 = a free core) and
     ``limit``: ``"workers"`` (more workers would help), ``"cores"`` (CPU-bound on this machine's
-    cores), ``"shared cores"`` (other programs take part of them) or ``"main process"``.
+    cores), ``"shared cores"`` (other programs take part of them), ``"main process"``,
+    ``"hand-over"`` or ``"shards"`` (more workers than the stream has shards: those get none).
     """
     if workers < 0:
         raise ValueError(f"workers must be 0 or more, got {workers}")
+    if model.shards and workers > model.shards:  # the workers past the shards get none
+        return {**solve(model, model.shards), "limit": "shards"}
     t, d = model.batch_ms(send=workers > 0)
     m = model.main_ms
     if workers == 0:  # the main process does everything, with no hand-over
@@ -257,7 +261,13 @@ def throughput(model: Model, workers: int) -> float:
 def ceiling(model: Model) -> tuple[float, int | None]:
     """The most samples/s any worker count gives, and the fewest workers within 0.05 % of it;
     ``(inf, None)`` when nothing but waiting is measured. Throughput rises with workers until the
-    cores are full, then extra workers only take CPU from the main process."""
+    cores are full, then extra workers only take CPU from the main process; past a stream's
+    shards, not at all."""
+    if model.shards:
+        best, k = ceiling(replace(model, shards=None))
+        if k is None or k > model.shards:  # rising up to the shards: the most there
+            return throughput(model, model.shards), model.shards
+        return best, k
     t, d = model.batch_ms()
     if d <= 0 and model.main_ms <= 0:
         return math.inf, None

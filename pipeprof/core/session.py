@@ -68,7 +68,9 @@ Framework = Literal["torch", "tf"]
 
 
 IDS_KEPT = 1024  # NOTE [ Sample fingerprints ] in core/batch.py: fingerprints kept a worker
-WORKER_KEYS = ("pid", "busy_ns", "batches", "samples", "cpu_ns", "gc_ns", "gc_full", "gc_faults")
+WORKER_KEYS = (
+    "pid", "busy_ns", "batches", "samples", "cpu_ns", "gc_ns", "gc_full", "gc_faults", "shards",
+)  # fmt: skip
 
 
 @dataclass
@@ -85,6 +87,8 @@ class WorkerRecord:
     gc_ns: int = 0
     gc_full: int = 0
     gc_faults: int = 0
+    # the WebDataset shards it opened (NOTE [ Shards a worker opened ] in collect/torch/dataset.py)
+    shards: int = 0
     # its first samples' fingerprints, in order (NOTE [ Sample fingerprints ] in core/batch.py):
     # an iterable dataset's, FINGERPRINT_PARTS a sample, IDS_KEPT at most
     ids: list[int] = field(default_factory=list)

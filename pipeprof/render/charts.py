@@ -258,7 +258,8 @@ def worker_bars(workers: list[dict[str, Any]]) -> str:
                 478,
                 y + 13,
                 f"{pct(wk.get('busy_fraction'))} busy · "
-                f"{wk.get('batches')} batches · {num(wk.get('samples_per_busy_s'))}/s",
+                f"{wk.get('batches')} batches · {num(wk.get('samples_per_busy_s'))}/s"
+                + (f" · {wk['shards']} shards" if wk.get("shards") is not None else ""),
             )
         )
         y += 22

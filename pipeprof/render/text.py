@@ -256,7 +256,10 @@ def workertable(data: dict[str, Any]) -> RenderableType | None:
     ratio = balance(data)
     title = "processes" + (f" (busiest worker {ratio:.2f}× the mean)" if ratio else "")
     t = table(title)
-    for col in ("process", "pid", "batches", "samples", "busy s", "samples/s", "busy", ""):
+    shards = any(w.get("shards") is not None for w in rows)  # a WebDataset's shards opened
+    cols = ("process", "pid", "batches", "samples", *(("shards",) if shards else ()), "busy s",
+            "samples/s", "busy", "")  # fmt: skip
+    for col in cols:
         t.add_column(col, justify="left" if col == "process" else "right", no_wrap=True)
     total = sum(w.get("samples") or 0 for w in rows) or 1
     for w in rows:
@@ -266,6 +269,7 @@ def workertable(data: dict[str, Any]) -> RenderableType | None:
             str(w.get("pid")),
             str(w.get("batches")),
             f"{samples:,} ({samples / total:.0%})" if len(rows) > 1 else f"{samples:,}",
+            *((str(w.get("shards")),) if shards else ()),
             num(w.get("busy_s")),
             num(w.get("samples_per_busy_s")),
             pct(w.get("busy_fraction")),
@@ -359,6 +363,7 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
         + (f" (measured {num(w['measured_samples_per_s'])})" if w.get("measured_samples_per_s")
            else "")  # a training loop's row for the workers it ran with
         + (f" (not in {w['exceeds']})" if w.get("exceeds") else "")
+        + (" (idle past the shards)" if w.get("limit") == "shards" else "")
         for w in rows
     )  # fmt: skip
     measured = "CPU share" in (rows[0].get("basis") or "")

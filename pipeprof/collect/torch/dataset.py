@@ -501,7 +501,7 @@ class TimedInvoke:
         if path is None:
             self.paths = _step_paths(owner.__dict__.get("pipeline") or [])
             path = self.paths.get(id(step), f"load/{_step_name(step)}")
-        return TimedIter(out, path)
+        return (TimedOpen if path == "load/open" else TimedIter)(out, path)
 
 
 def _step_paths(steps: list[Any]) -> dict[int, str]:
@@ -551,6 +551,24 @@ class TimedIter:
 
     def __next__(self) -> Any:
         return timed_call1(self.path, next, self.it)
+
+
+# NOTE [ Shards a worker opened ]: the shards this process's WebDataset ``open`` steps gave out,
+# counted whether or not the batch is timed, shipped with the process's batches (``Collate``) as
+# each worker's ``shards`` (a forked worker starts again from 0: ``WorkerInit``; the training
+# process, at a profiled loader's first pass without workers: two such loaders profiled at once
+# would count each other's). A worker whose split of the shard list was empty opens none and
+# delivers no batch (``idle-workers``).
+SHARDS = [0]
+
+
+class TimedOpen(TimedIter):
+    """The ``open`` step's iterator: each shard it gives out counted in ``SHARDS``."""
+
+    def __next__(self) -> Any:
+        got = timed_call1(self.path, next, self.it)
+        SHARDS[0] += 1
+        return got
 
 
 def timed_pipeline(dataset: Any) -> bool:

@@ -128,8 +128,15 @@ def note_snapshot(meta: dict[str, Any], step: int, ns: int) -> None:
 
 
 def _shards(dataset: Any) -> int | None:
-    """The shards a stream says it has (Hugging Face's ``IterableDataset.num_shards``): the
-    most workers it can feed; None where it does not say."""
+    """The shards a stream says it has (Hugging Face's ``IterableDataset.num_shards``, a
+    WebDataset's shard list): the most workers it can feed; None where it does not say."""
+    steps = getattr(dataset, "__dict__", {}).get("pipeline")
+    if type(dataset).__module__.split(".")[0] == "webdataset" and isinstance(steps, list):
+        source = steps[0] if steps else None  # ResampledShards: drawn at random, no end
+        urls = getattr(source, "urls", None)
+        if type(source).__name__ != "SimpleShardList" or not isinstance(urls, list):
+            return None
+        return len(urls)
     for name in ("num_shards", "n_shards"):
         got = getattr(type(dataset), name, None)
         if isinstance(got, property):

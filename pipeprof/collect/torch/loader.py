@@ -58,6 +58,7 @@ from pipeprof.collect import hdf5, ranks, tokenizer
 from pipeprof.collect.loop import HANG_S
 from pipeprof.collect.torch import epochs, hangs, memory, shm
 from pipeprof.collect.torch.dataset import (
+    SHARDS,
     apply_marks,
     instrument_dataset,
     stream_facts,
@@ -466,6 +467,8 @@ class Collate:
             payload["ab"], _ARM[0] = _ARM[0], None
         payload["probe_ns"] = probe_ns
         payload["probe_warm_ns"] = warm_ns
+        if SHARDS[0]:  # NOTE [ Shards a worker opened ] in collect/torch/dataset.py
+            payload["shards"] = SHARDS[0]
         sketch = self.sketcher  # NOTE [ Index sketches ] in core/batch.py: a worker's, shipped
         if sketch is not None and sketch.version != self.shipped and _CPU_MARK[0]:
             self.shipped = sketch.version
@@ -584,6 +587,7 @@ class WorkerInit:
         _WORKER_AB[0] = 0  # NOTE [ Unprofiled batches ]: a fork inherits the parent's
         _ARM[0] = _OFF[0] = None
         _FULL_GC[:] = [0, 0, 0, 0, 0]  # NOTE [ A full collection after fork ]
+        SHARDS[0] = 0  # NOTE [ Shards a worker opened ] in collect/torch/dataset.py
         if _on_collect not in gc.callbacks:
             gc.callbacks.append(_on_collect)
         if self.nvtx or rec.ranges is not None:  # asked for, or inherited through fork
@@ -847,6 +851,8 @@ class ProfiledLoader:
         self._shm_free = shm.free_mb() if self.loader.num_workers else None
         self._ends = epochs.PassEnds(clock())
         if self.passes == 1:
+            if not self.loader.num_workers:  # NOTE [ Shards a worker opened ]: this profile's
+                SHARDS[0] = 0
             self.session.meta["sampler"] = epochs.sampler_facts(self.user_loader)
             # NOTE [ Copy-on-read ] in collect/torch/memory.py: what forked workers would copy
             self.session.meta["py_containers"] = memory.python_containers(self.user_loader.dataset)
@@ -1250,6 +1256,7 @@ class ProfiledLoader:
             w.gc_faults += full[2]
         w.batches += 1
         w.samples += payload["samples"]
+        w.shards = max(w.shards, payload.get("shards", 0))  # counted over the process's life
         sketch = payload.get("sketch")  # NOTE [ Index sketches ] in core/batch.py
         if sketch is not None:
             got = array("I")
