@@ -178,6 +178,29 @@ class Remote(Dataset):  # type: ignore[type-arg]
         return torch.tensor([len(data), data[0]])
 
 
+class Cached(Remote):
+    """``Remote``, each body kept in ``folder`` once fetched and read from there after: the
+    ``fetch-cache`` finding's fix, as a user would write it."""
+
+    def __init__(self, url: str, folder: str, n: int = 32, work_s: float = 0.005) -> None:
+        super().__init__(url, n, "urllib", work_s)
+        self.folder = folder
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import os
+
+        path = os.path.join(self.folder, str(i))
+        if not os.path.exists(path):
+            data = _get(self.url + str(i))
+            with open(path + ".part", "wb") as f:
+                f.write(data)
+            os.replace(path + ".part", path)
+        with open(path, "rb") as f:
+            data = f.read()
+        time.sleep(self.work_s)
+        return torch.tensor([len(data), data[0]])
+
+
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=30) as r:
         return r.read()  # type: ignore[no-any-return]

@@ -201,3 +201,37 @@ def test_local_shards_have_no_fetch_stage(tmp_path):
     data = wds.WebDataset(files, shardshuffle=False, empty_check=False).decode()
     report = pipeprof.profile(DataLoader(data.to_tuple("npy", "cls"), batch_size=8)).to_dict()
     assert not report.get("fetch") and "load/fetch" not in report["stages"]
+
+
+def _passes(dataset, workers: int, n: int = 2) -> dict:
+    """``n`` passes of a profiled loop over the dataset: its report."""
+    prof = pipeprof.Profiler(sample_hz=0)
+    wrapped = prof.wrap(DataLoader(dataset, batch_size=4, num_workers=workers))
+    for _ in range(n):
+        for _batch in wrapped:
+            pass
+    return prof.report().to_dict()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_fetch_made_again_every_epoch_gets_a_cache_the_size_of_a_pass(tmp_path, workers):
+    """NOTE [ A cache for later epochs ]: two passes over 32 remote samples (20 ms and 64 kB
+    each, 5 ms of other work): ``fetch-cache``, sized at a pass's bodies (32 × 64 kB), promised
+    faster with the fetch cached. Near misses: one pass (nothing read again), the same samples
+    from a local file, and a fetch that is a small share (100 ms of other work a sample)."""
+    with server() as url:
+        twice = _passes(Remote(url, N), workers)
+        once = _passes(Remote(url, N), workers, n=1)
+        small = _passes(Remote(url, 8, work_s=0.1), workers)
+    path = tmp_path / "body"
+    path.write_bytes(bytes(BODY))
+    local = _passes(Local(str(path), N), workers)
+    found = {f["id"]: f for f in twice["findings"]}["fetch-cache"]
+    ev = found["evidence"]
+    assert ev["passes"] == 2 and ev["samples_per_pass"] == N
+    assert ev["cache_mb"] == pytest.approx(N * BODY / 1e6, rel=0.01)
+    assert ev["share"] >= 0.5 and found["severity"] == "warning"
+    assert ev["samples_per_s_cached"] > ev["samples_per_s_now"]
+    assert f"about {N * BODY / 1e6:.3g} MB" in found["fix"] and "cache_dir" in found["fix"]
+    for near in (once, small, local):
+        assert "fetch-cache" not in {f["id"] for f in near["findings"]}

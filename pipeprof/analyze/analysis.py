@@ -147,6 +147,7 @@ PIPELINE_ONLY = {
     "workers-saturated",
     "worker-imbalance",
     "uneven-shards",
+    "fetch-cache",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from pipeprof.analyze.finding import Finding, finding
 from pipeprof.core.session import Session
 from pipeprof.core.units import LATENCY_BOUNDS_MS
 
@@ -63,3 +64,63 @@ def quantile_bound(hist: list[int], q: float) -> float | None:
         if seen >= q * total:
             return float(LATENCY_BOUNDS_MS[k]) if k < len(LATENCY_BOUNDS_MS) else None
     return None
+
+
+# NOTE [ A cache for later epochs ]
+# A loader that fetches its samples over the network fetches them again every epoch. Where a
+# profile saw two full passes or more, and the fetch (every ``*/fetch`` stage) is CACHE_SHARE of
+# the pipeline's time or more, ``fetch-cache`` says how large a local cache of one pass is: the
+# bodies' bytes a sample (counted in the timed batches: NOTE [ Unprofiled batches ] in
+# collect/torch/loader.py) times a full pass's samples. Its promise is the what-if's: the loader
+# with the fetch stages free (``cached``), at the workers there are, from the second epoch on.
+CACHE_SHARE = 0.25
+CACHE_WARN = 0.5  # a warning from this share
+
+
+def rule_fetch_cache(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
+    """Every pass fetched its data again (NOTE [ A cache for later epochs ])."""
+    from pipeprof.analyze.scenarios import from_report
+    from pipeprof.analyze.whatif import cached, throughput
+
+    rows = report.get("fetch") or []
+    passes = (report.get("accounting") or {}).get("epochs") or []
+    total = facts.get("pipeline_s")
+    stages = report.get("stages") or {}
+    paths = [p for p in stages if p.endswith("/fetch")]
+    if not rows or len(passes) < 2 or not total or not paths:
+        return None
+    fetch_s = sum(stages[p]["total_s"] for p in paths)
+    share = fetch_s / total
+    nbytes = sum(r["bytes"] for r in rows)
+    samples, batches = report.get("samples") or 0, report.get("batches") or 0
+    timed = (report.get("meta") or {}).get("timed_batches")
+    timed_samples = timed * samples / batches if timed and batches else samples
+    if share < CACHE_SHARE or not nbytes or not timed_samples:
+        return None
+    mb = nbytes / timed_samples * max(passes) / 1e6
+    n = facts["n_workers"]
+    model = from_report(report, int(facts["cores"]))
+    known = {s.path for s in model.stages} if model is not None else set()
+    now = then = None
+    if model is not None and set(paths) <= known:
+        now, then = throughput(model, n), throughput(cached(model, paths), n)
+    said = (f"; the loader alone would run at about {then:.0f} samples/s from the second epoch "
+            f"on, against {now:.0f} now (the what-if with the fetch cached, {n} workers)"
+            if now and then else "")  # fmt: skip
+    return finding(
+        "fetch-cache",
+        "warning" if share >= CACHE_WARN else "info",
+        paths[0],
+        f"each of the {len(passes)} passes fetched its data over the network again: the fetch is "
+        f"{share:.0%} of the pipeline's time, about {mb:.3g} MB a pass",
+        {"passes": len(passes), "share": round(share, 4), "fetch_s": round(fetch_s, 6),
+         "cache_mb": round(mb, 3), "samples_per_pass": max(passes),
+         "samples_per_s_now": round(now, 1) if now else None,
+         "samples_per_s_cached": round(then, 1) if then else None},
+        f"keep what the first epoch fetched on local disk, about {mb:.3g} MB (WebDataset(urls, "
+        "cache_dir=...), fsspec's 'filecache::' URLs, or a copy made once before training), so "
+        f"that later epochs read it locally{said}; the first epoch still fetches",
+    )
+
+
+FETCH_RULES = [rule_fetch_cache]

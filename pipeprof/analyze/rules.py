@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeprof.analyze.accounting import ACCOUNTING_RULES
 from pipeprof.analyze.budget import Budget, budget, memory_cap
+from pipeprof.analyze.fetch import FETCH_RULES
 from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.analyze.hangs import HANG_RULES
 from pipeprof.analyze.hdf5 import H5_RULES
@@ -966,5 +967,6 @@ RULES: list[Rule] = [
     *HANG_RULES,  # a wait for one batch far past any other (hangs.py)
     *TOKEN_RULES,  # token batches' padding (tokens.py)
     *STREAM_RULES,  # a streamed dataset's shuffle buffer at the start (streams.py)
+    *FETCH_RULES,  # network reads made again every epoch (fetch.py)
     rule_overhead,  # last: within a severity, pipeprof's own measurement after the pipeline's
 ]
