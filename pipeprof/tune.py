@@ -222,8 +222,9 @@ class Tuner:
         for n in names:  # its gain over the script: through ref's (NOTE [ Tuning ])
             if ref != base and n not in (base, ref) and n not in self.runs:
                 self.refs.setdefault(n, ref)
-        self.planned += self.rounds * len(names)
-        for r in range(self.rounds):
+        rounds = self.rounds if ref == base else self.later_rounds()
+        self.planned += rounds * len(names)
+        for r in range(rounds):
             self.round(names, seed + r, base, ref)
             if self.out_of_budget:
                 return
@@ -236,10 +237,15 @@ class Tuner:
                 self.lost |= lost
                 self.stopped |= lost
             left = [n for n in names if n not in self.failed and n not in self.stopped]
-            self.planned -= (self.rounds - r - 1) * (len(names) - len(left))
+            self.planned -= (rounds - r - 1) * (len(names) - len(left))
             names = left
             if len(names) <= 1:
                 return
+
+    def later_rounds(self) -> int:
+        """A later phase's rounds (NOTE [ Tuning ]): one fewer than the first's, 2 at least
+        (what keeping a setting takes: ``_won``), never more than the first's."""
+        return min(self.rounds, max(2, self.rounds - 1))
 
     def add(self, settings: dict[str, Any]) -> str:
         name = choose.key(settings)
@@ -289,9 +295,15 @@ class Tuner:
         at = self.settings[best]
         knobs = [k for k in choose.knob_candidates(report, at.get("num_workers", workers), cores)
                  if set(k) <= self.knobs]  # fmt: skip
+        # NOTE [ Tuning ]: where the workers may be kept, the counts kept workers would want are
+        # tried beside the knobs, not in a phase of their own after them
+        keep = {"persistent_workers": True}
+        recount = keep in knobs and "num_workers" in self.knobs
+        counts = choose.recount(at.get("num_workers", workers), cores, rows) if recount else []
         if knobs and not self.out_of_budget:
             tried = {self.add({**at, **k}): k for k in knobs}
-            self.phase(list(dict.fromkeys([best, *tried])), base, seed=101, ref=best)
+            more = [self.add({**at, **keep, "num_workers": n}) for n in counts]
+            self.phase(list(dict.fromkeys([best, *tried, *more])), base, seed=101, ref=best)
             kept = [k for name, k in tried.items() if self._won(name, best)]
             if len(kept) > 1 and not self.out_of_budget:
                 both = self.add({**at, **{a: b for k in kept for a, b in k.items()}})
@@ -301,7 +313,7 @@ class Tuner:
         at = self.settings[best]
         kept_workers = at.get("persistent_workers") and not choose.current(report)[
             "persistent_workers"]
-        if kept_workers and "num_workers" in self.knobs and not self.out_of_budget:
+        if kept_workers and not recount and "num_workers" in self.knobs and not self.out_of_budget:
             k = at.get("num_workers", workers)
             more = [self.add({**at, "num_workers": n}) for n in choose.recount(k, cores, rows)]
             if more:  # NOTE [ Tuning ]: with the workers kept, the best count moves up

@@ -11,10 +11,13 @@ where a finding points at it: ``persistent_workers`` where the workers restarted
 ``file_system`` sharing strategy where the hand-over cost, and the training process's threads
 on a CPU-trained loop. A knob is kept only where it won, in two paired rounds or more where the
 tune runs more (one dropped after a round, behind another knob, is not). Where
-``persistent_workers`` was kept, the worker count is searched again with it (``recount``): a
-pass no longer starts its workers, so each added worker stops costing a start-up every epoch,
-and the best count moves up, toward the what-if's, which is the steady state's (a proof
-pipeline of short epochs: 3 or 4 workers best without it, 8 with it; docs/tune.md).
+``persistent_workers`` is a candidate, the worker counts kept workers would want (``recount``)
+are tried beside it, in the knobs' phase: a pass no longer starts its workers, so each added
+worker stops costing a start-up every epoch, and the best count moves up, toward the what-if's,
+which is the steady state's (a proof pipeline of short epochs: 3 or 4 workers best without it,
+8 with it; docs/tune.md). Where it was kept some other way (a ``--try``), the counts are tried
+again with it in a phase of their own. The phases after the first run one round fewer (2 at
+least): what they compare is the best so far, already measured beside the script's own.
 
 Trials are measured in rounds: every setting still in once a round, in a shuffled order, so
 that the machine's drift lands on all of them alike. After each round, a setting whose best
