@@ -21,8 +21,8 @@ LATENCY_S = 0.02  # the server's wait before it answers
 SHARD_SAMPLES = 16  # a WebDataset shard's samples
 
 
-def shard(i: int) -> bytes:
-    """WebDataset shard ``i``: a tar of SHARD_SAMPLES samples, each a ``.npy`` 32x32 float32
+def shard(i: int, samples: int = SHARD_SAMPLES) -> bytes:
+    """WebDataset shard ``i``: a tar of ``samples`` samples, each a ``.npy`` 32x32 float32
     array of its number and a ``.cls`` label."""
     import io
     import tarfile
@@ -31,8 +31,8 @@ def shard(i: int) -> bytes:
 
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
-        for k in range(SHARD_SAMPLES):
-            n = i * SHARD_SAMPLES + k
+        for k in range(samples):
+            n = i * samples + k
             array = io.BytesIO()
             np.save(array, np.full((32, 32), n, dtype=np.float32))
             for ext, data in (("npy", array.getvalue()), ("cls", str(n % 10).encode())):

@@ -859,7 +859,11 @@ def test_zipped_passes_and_a_crash_in_a_fast_step_keep_every_step(monkeypatch):
     assert fetched == 0 and fast["loop"]["steps"] == slow["loop"]["steps"] == 612
     fast, _, fetched = _hand_fast_loop(monkeypatch, fast=True, fail_at=200)
     slow, _, _ = _hand_fast_loop(monkeypatch, fast=False, fail_at=200)
-    assert fetched > 100  # 201 steps, and 2 in each of the 4 nested passes before the crash
+    # 201 steps, and 2 in each of the 4 nested passes before the crash: all but the first 80,
+    # 1 in 32 or so after, and a step every 20 ms fetched past the generators: about 110 on a
+    # quiet machine, 93 beside another test (a slower run has more steps 20 ms apart); a fast
+    # path not taken fetches none
+    assert fetched > 50
     assert fast["loop"]["steps"] == slow["loop"]["steps"] == 209
     assert fast["batches"] == slow["batches"] == 209
 
