@@ -117,7 +117,7 @@ class FastPass:
             except StopIteration:  # the pass ends its way
                 pass
             else:
-                log.fast.append((short.t0, short.t1, None))
+                log.fast.append((short.t0, short.t1, None, short.starved))
                 prof._fast_steps += 1
                 # its own time in next(), but for the fetch and the loader's bookkeeping
                 prof._fast_ns += clock() - t_in - (short.t1 - short.t0) - short.own
@@ -732,7 +732,9 @@ class Profiler:
                 own_ns += handed - t_got
                 log.handed = handed
                 self._last_pass = None  # NOTE [ The fast path, by hand ]: a FastPass says it
-                yield batch
+                # NOTE [ A suspended pass holds no batch ] in collect/torch/loader.py
+                held, batch = [batch], None
+                yield held.pop()
         finally:
             if delivered == 1 and not ended:  # a peek: no epoch
                 log.record.epochs -= 1

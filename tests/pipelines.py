@@ -35,6 +35,22 @@ class KnownFetch(Dataset):  # type: ignore[type-arg]
         return torch.full((4,), float(i)), i % 2
 
 
+class SleepyRows(Dataset):  # type: ignore[type-arg]
+    """640 samples that wait ``ms`` each (a sleep: workers that wait leave the cores to the
+    loop), sample ``i`` a row of ``i``'s: the workers' fast path's tests."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __len__(self) -> int:
+        return 640
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.ms:
+            time.sleep(self.ms / 1000)
+        return torch.full((4,), float(i)), i % 2
+
+
 def known_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
                y: torch.Tensor) -> None:  # fmt: skip
     """A training step of a small model, and 0.3 ms more of compute: the fast paths' tests."""

@@ -491,3 +491,34 @@ def test_a_pass_left_open_until_the_interpreter_exits_ends_quietly(tmp_path, wor
                           env=env(), timeout=120)  # fmt: skip
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.split() == ["[76.0,", "77.0,", "78.0,", "79.0]", "20"]
+
+
+HELD = """
+import sys, weakref
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.arange(2400.0).reshape(600, 4)), batch_size=2,
+                    num_workers=int(sys.argv[1]))
+refs, most = [], 0
+for (x,) in loader:
+    refs.append(weakref.ref(x))
+    most = max(most, sum(r() is not None for r in refs[:-1]))  # earlier batches still alive
+print("held", most, len(refs))
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_no_batch_outlives_its_step(tmp_path, workers):
+    """NOTE [ A suspended pass holds no batch ] (collect/torch/loader.py): once the loop drops a
+    batch it is freed, as plain, while most steps take the fast path past pipeprof's suspended
+    generators (a batch they kept held its /dev/shm, with workers)."""
+    script = tmp_path / "held.py"
+    script.write_text(HELD)
+    plain = run(tmp_path, sys.executable, str(script), str(workers))
+    done = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-o", "r.json", str(script),
+               str(workers))  # fmt: skip
+    assert plain.returncode == 0 and done.returncode == 0, done.stderr[-2000:]
+    assert plain.stdout.split() == done.stdout.split() == ["held", "0", "300"]
+    fast = json.loads((tmp_path / "r.json").read_text())["session"]["costs"]["fast_ns"]
+    assert fast > 0  # the fast path was taken

@@ -532,6 +532,72 @@ def test_the_fast_path_writes_each_step_as_the_pass_would(monkeypatch):
     assert loop["wait_s"] + loop["compute_s"] + loop["overhead_s"] <= loop["wall_s"] * 1.001
 
 
+def _worker_fast_loop(monkeypatch: pytest.MonkeyPatch, fast: bool, sample_ms: float,
+                      step_ms: float):  # fmt: skip
+    """160 batches of 4 samples of ``sample_ms`` each from 2 forked workers, steps of
+    ``step_ms`` more compute, under ``pipeprof run``; with the workers' fast path (NOTE
+    [ Workers' batches, past the generators ] in collect/torch/loader.py) or with every batch
+    asking the pass. Returns the report's dict, the fast path's own ns and its fetches."""
+    import torch
+    from pipelines import SleepyRows, known_step, spin
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from pipeprof.attach.run import Run
+    from pipeprof.collect.torch.loader import ProfiledLoader
+
+    if not fast:
+        monkeypatch.setattr(Run, "_fast", lambda self, entry, src, short, slow, cell: slow)
+    fetched = [0]
+    fast_next = ProfiledLoader.fast_next
+
+    def counted(self: ProfiledLoader, short: object) -> object:
+        fetched[0] += 1
+        return fast_next(self, short)
+
+    monkeypatch.setattr(ProfiledLoader, "fast_next", counted)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    run = Run(sample_hz=0)
+    run.install()
+    try:
+        loader = DataLoader(SleepyRows(sample_ms), batch_size=4, num_workers=2,
+                            multiprocessing_context="fork")  # fmt: skip
+        for x, y in loader:
+            seen.append(int(x[0, 0]))
+            known_step(model, opt, x, y)
+            spin(step_ms)
+    finally:
+        run.uninstall()
+    assert seen == list(range(0, 640, 4))  # the batches the loader makes, in order
+    [(entry, report)] = run.reports()
+    return report.to_dict(), entry.session.costs["fast_ns"], fetched[0]
+
+
+@pytest.mark.serial  # counts steps against the machine's speed
+@pytest.mark.parametrize("sample_ms, step_ms, starved", [(0.0, 2.0, False), (4.0, 0.0, True)])
+def test_the_workers_fast_path_keeps_each_batchs_wait_split(monkeypatch, sample_ms, step_ms,
+                                                            starved):  # fmt: skip
+    """NOTE [ Workers' batches, past the generators ]: with workers, the batches past the first
+    two take the fast path and make the same steps, batches and workers' counts as through the
+    pass; each step's wait keeps its split: hand-over where the workers are ahead (their batches
+    ready), starved where they are behind (4 samples of 4 ms a batch against a 0.3 ms step); the
+    fast path's own time in next() stated."""
+    fast, fast_ns, fetched = _worker_fast_loop(monkeypatch, True, sample_ms, step_ms)
+    slow, _, none = _worker_fast_loop(monkeypatch, False, sample_ms, step_ms)
+    # all but the first two, and a step every 20 ms through the pass (it reads the CPU time)
+    assert none == 0 and fetched >= 80, fetched
+    for r in (fast, slow):
+        assert r["loop"]["steps"] == r["batches"] == 160 and r["samples"] == 640
+        assert sum(w["batches"] for w in r["workers"]) == 160
+        loop = r["loop"]
+        assert loop["starved_s"] + loop["handover_s"] == pytest.approx(loop["wait_s"], rel=1e-6)
+        share = loop["starved_s"] / loop["wait_s"]
+        assert share > 0.7 if starved else share < 0.3, (share, fetched)
+    assert 0 < fast_ns < fetched * 50_000
+
+
 @pytest.mark.serial  # counts steps against the machine's speed
 def test_the_fast_path_states_its_cost_with_no_regions_timed(monkeypatch):
     """``--no-regions``: no in-situ factor is measured, and the fast path's own time and its

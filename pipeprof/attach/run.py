@@ -119,10 +119,13 @@ class _Pass:
 # Where torch's own iterator asks the pass (NOTE [ The user's own iterator ]), the loader's
 # pass says at each batch it yields how many of the next ones take the short path
 # (``ShortPass.left``); ``_fast`` is the iterator's ``_next_data`` and fetches those itself
-# (``ProfiledLoader.fast_next``), keeping each step as a row (asked, got, region arm) in the
-# StepLog (``fast``), with its count of steps, its regions' sampling and the batch counted as
-# the pass would. The Profiler's steps write the rows when the pass is next asked
-# (``StepLog.settle``): each step's wait is its fetch, its compute runs to the next one's.
+# (``ProfiledLoader.fast_next``), keeping each step as a row (asked, got, region arm, starved
+# part) in the StepLog (``fast``), with its count of steps, its regions' sampling and the batch
+# counted as the pass would. A worker loader's pass says so too, for its batches past the first
+# ``num_workers`` (NOTE [ Workers' batches, past the generators ] in collect/torch/loader.py).
+# The Profiler's steps write the rows when the pass is next asked (``StepLog.settle``): each
+# step's wait is its fetch (its starved part as the worker said), its compute runs to the next
+# one's.
 # The pass is asked instead, and so the step is made its way, when anything else is due: the
 # current pass changed (a loader nested in the step), a region was counted for a class in the
 # last step (the user's own regions; the rows cannot split them), DDP's communication is
@@ -404,7 +407,8 @@ class Run:
                 except StopIteration:  # the pass ends its way
                     pass
                 else:
-                    log.fast.append((short.t0, short.t1, None if k < REGIONS_FIRST else not quiet))
+                    arm = None if k < REGIONS_FIRST else not quiet
+                    log.fast.append((short.t0, short.t1, arm, short.starved))
                     entry.steps = k + 1
                     entry.region_steps += not quiet
                     run.profiled += 1
@@ -463,7 +467,9 @@ class Run:
                             self.on_stop()
                         if self.end_script:
                             raise EndScript()
-                yield batch
+                # NOTE [ A suspended pass holds no batch ] in collect/torch/loader.py
+                held, batch = [batch], None
+                yield held.pop()
         finally:
             p.alive = False
             entry.open_passes -= 1

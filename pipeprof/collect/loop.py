@@ -74,7 +74,7 @@ class StepLog:
         # NOTE [ The fast path ] in attach/run.py: steps whose batch came the short way, each
         # (asked, got, region arm), not yet written; ``handed``: when the step under way got its
         # batch (0: none under way); ``classified``: regions counted for a class so far
-        self.fast: list[tuple[int, int, bool | None]] = []
+        self.fast: list[tuple[int, int, bool | None, int | None]] = []
         self.handed = 0
         self.classified = 0
 
@@ -200,15 +200,18 @@ class StepLog:
         transfer0, overhead0, comm0, _ = self._marks
         first = rows[0][0] - self.handed
         self.close(max(0, first), 0, 0)
-        t0s, t1s, arms = zip(*rows)
+        t0s, t1s, arms, split = zip(*rows)
         waits = [b - a for a, b in zip(t0s, t1s)]
+        # a worker's batch: starved until it was ready (None: all of it, not known)
+        starved = [w if s is None else min(max(0, s), w) for w, s in zip(waits, split)]
         computes = [a - b for a, b in zip(t0s[1:], t1s)]
         part = self._pending["steady"]
         n = len(computes)
         if n:
             zeros = [0] * n
-            for key, values in (("wait", waits[:-1]), ("starved", waits[:-1]),
-                                ("handover", zeros), ("transfer", zeros),
+            handover = [w - s for w, s in zip(waits[:-1], starved)]
+            for key, values in (("wait", waits[:-1]), ("starved", starved[:-1]),
+                                ("handover", handover), ("transfer", zeros),
                                 ("compute", computes), ("comm", zeros), ("overhead", zeros),
                                 ("user_transfer", zeros)):  # fmt: skip
                 part[key].extend(values)
@@ -223,7 +226,7 @@ class StepLog:
                     a[0] += 1
                     a[1] += c
                     a[2] += c * c
-        self.begin(t0s[-1], waits[-1], 0, False)
+        self.begin(t0s[-1], waits[-1], 0, False, starved[-1])
         self._marks = (transfer0, overhead0, comm0, part)
         self.region_arm = arms[-1]
         self.handed = t1s[-1]

@@ -137,6 +137,28 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # the next ones like it (``Session.defer_batch``); no recorder sink, no CPU clock, no merge.
 # They count as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py),
 # their bookkeeping in ``main_ns``. Not with NVTX ranges or a copy to the device to time.
+#
+# NOTE [ Workers' batches, past the generators ]
+# With workers, every batch comes in a Carrier and is unpacked and booked in the training
+# process; its stages were timed (or not) in its worker. Through the pass it went through three
+# generators and the step's bookkeeping: on a loop of 1 ms steps with 2 workers, 91 µs more of
+# the training thread's CPU in ``next()`` than plain, and the loop 7.4 % longer; 53 µs and
+# 5.4 % this way (docs/validation/run-cost.md). So, past the first ``warmup_steps`` batches of
+# a pass (steps until every worker delivered: the epoch's start-up), a worker loader's pass
+# says the next SHORT_RUN_MOST batches take the fast path (NOTE [ The fast path ] in
+# attach/run.py), under ``pipeprof run`` with no NVTX ranges and no copy to the device to time:
+# ``_short_worker`` fetches the Carrier, unpacks it and queues its bookkeeping as the pass does
+# (``_unpack``: the wait's starved part, the worker's records or figures), and the step's row
+# keeps the starved part (``StepLog.settle``). Its own time goes to ``main_ns`` at the pass's
+# end. ``Profiler.wrap`` by hand keeps its generators for worker loaders.
+#
+# NOTE [ A suspended pass holds no batch ]
+# The pass's generators (``_pass``, the Profiler's steps, ``pipeprof run``'s pass) yield a batch
+# and stay suspended until the next one is asked, through the fast path for up to
+# SHORT_RUN_MOST batches. A local still naming the batch kept it alive all that time: with
+# workers, one batch of /dev/shm more than plain, and a loader that fits a 64 MB /dev/shm plain
+# failed in a worker under ``pipeprof run`` (tests/test_shm.py). So each drops its names for
+# the batch before it yields it.
 SHORT_RUN_MOST = 256  # NOTE [ The fast path ] in attach/run.py: batches said ahead at most
 AB_PAIRS_FIRST = 8  # analyze/stages.py's AB_MIN_OFF: the comparison is used from 8 pairs on
 AB_PAIRS_EVERY = 4
@@ -158,13 +180,17 @@ class ShortPass:
     generator (NOTE [ The fast path ] in attach/run.py): what fetches a batch, whether the dataset
     copy has stand-ins to set back, the wait's span name; ``left``: how many of the next batches
     take it (the pass says, at each batch it yields); ``ended``: the batches are over; ``t0`` and
-    ``t1``: the last one's fetch; ``own``: the bookkeeping after it."""
+    ``t1``: the last one's fetch; ``starved``: how much of it (None: all); ``own``: the
+    bookkeeping after it. ``workers``: the batches come from workers, each with its records
+    (NOTE [ Workers' batches, past the generators ])."""
 
-    __slots__ = ("ended", "fetch", "left", "own", "span", "swaps", "t0", "t1")
+    __slots__ = ("ended", "fetch", "left", "own", "span", "starved", "swaps", "t0", "t1",
+                 "workers")  # fmt: skip
 
-    def __init__(self, fetch: Any, swaps: bool, span: str) -> None:
-        self.fetch, self.swaps, self.span = fetch, swaps, span
+    def __init__(self, fetch: Any, swaps: bool, span: str, workers: bool = False) -> None:
+        self.fetch, self.swaps, self.span, self.workers = fetch, swaps, span, workers
         self.left, self.ended, self.t0, self.t1, self.own = 0, False, 0, 0, 0
+        self.starved: int | None = None
 
 
 class Carrier:
@@ -748,6 +774,7 @@ class ProfiledLoader:
         self._sinks: tuple[dict[str, list[int]], bool] = ({}, False)
         self._swapped: list[Any] = []  # the stand-ins an unprofiled batch set aside
         self._lean = [0, 0, 0]  # NOTE [ The short path ]: its batches, samples, own ns so far
+        self._fast_own = 0  # NOTE [ Workers' batches, past the generators ]: their own ns
         self._opened: Any = (None, None)  # a pass's torch iterator and short path, for ``open``
         self._starts: list[float] = []  # ms of ``iter()`` per worker it started, each pass
         self._ends = epochs.PassEnds(0)  # when each worker's batches of this pass came
@@ -794,6 +821,8 @@ class ProfiledLoader:
         pass's batches are over, StopIteration, and the pass ends when it is next asked."""
         short.left -= 1
         try:
+            if short.workers:
+                return self._short_worker(short)
             return self._short(short.fetch, short.swaps, short)
         except StopIteration:
             short.left, short.ended = 0, True
@@ -834,6 +863,24 @@ class ProfiledLoader:
         lean[2] += own
         short.own = own
         return carrier
+
+    def _short_worker(self, short: ShortPass) -> Any:
+        """A worker's batch fetched past the pass's generator (NOTE [ Workers' batches, past the
+        generators ]): unpacked and booked as the pass would, its fetch's start and end and its
+        starved part in ``short``."""
+        t0 = clock()
+        carrier = short.fetch()
+        t1 = clock()
+        self.seen += 1
+        batch = self._unpack(carrier, t0, t1, None, short.span)
+        self.wait_ns += t1 - t0  # NOTE [ The live view ] in collect/live.py
+        self.starved_ns += self.last_starved
+        short.t0, short.t1, short.starved = t0, t1, self.last_starved
+        own = clock() - t1
+        self.own_ns += own
+        self._fast_own += own
+        short.own = own
+        return batch
 
     def _pass(self, expose: bool, hand: bool = False) -> Iterator[Any]:
         persistent = self.loader.persistent_workers and self.loader.num_workers
@@ -884,16 +931,19 @@ class ProfiledLoader:
             nv = self.ranges
             plan = BatchPlan(self.stage_every, self._ab_eligible(), nv is None and self.h2d is None)
             swaps = bool(getattr(self.loader.collate_fn, "swaps", ()))
-            short = ShortPass(fetch, swaps, span)
+            # NOTE [ Workers' batches, past the generators ]
+            workers = bool(self.loader.num_workers) and not self.opaque and plan.lean
+            short = ShortPass(fetch, swaps, span, workers)
+            warmup = self.warmup_steps
             fast = False  # batches fetched past this generator (NOTE [ The fast path ])
             if expose and not persistent and self.h2d is None and _answerable(it):
                 # NOTE [ The user's own iterator ]: the user calls its __next__, which asks this
                 # pass for the batch; the pass reads torch's own, by a weak reference
                 short.fetch = fetch = functools.partial(_raw_next, weakref.ref(it))
-                fast = plan.sampled and plan.lean
+                fast = (plan.sampled and plan.lean) or workers
                 self._opened = (it, short if fast else None)
-            elif hand and plan.sampled and plan.lean:  # Profiler.wrap's pass reads torch's own
-                fast = True
+            elif hand and ((plan.sampled and plan.lean) or workers):  # Profiler.wrap's pass
+                fast = True  # reads torch's own
                 self._opened = (None, short)
             del it
             yield None  # begun: ``open`` returns
@@ -913,7 +963,8 @@ class ProfiledLoader:
                         return
                     if fast:
                         short.left = plan.short_run(self.seen, alone)
-                    yield carrier
+                    held, carrier = [carrier], None  # NOTE [ A suspended pass holds no batch ]
+                    yield held.pop()
                     continue
                 # This thread records into this iteration's sink while the pipeline runs on it
                 # (NOTE [ Whose records ] in core/recorder.py): num_workers=0, the copy.
@@ -938,13 +989,18 @@ class ProfiledLoader:
                     batch, copy_ns = self._transfer(batch, rec)
                     self._merge_main(rec)
                     if fast:
-                        short.left = plan.short_run(self.seen, alone)
+                        short.left = (
+                            (SHORT_RUN_MOST if alone and k + 1 >= warmup else 0)
+                            if workers else plan.short_run(self.seen, alone)
+                        )
                     own = clock() - t1 - copy_ns + t0 - t_pre  # pipeprof's, for this batch
                     self.own_ns += own
                     s.defer(s.add_cost, "main_ns", own)
                 finally:
                     rec.leave(before)
-                yield batch
+                # NOTE [ A suspended pass holds no batch ]
+                held, batch, carrier = [batch], None, None
+                yield held.pop()
         finally:
             if sys is None:  # a pass left open until the interpreter's teardown: nothing left
                 return  # noqa: B012 (its modules are gone; the report was made before, or never)
@@ -1130,6 +1186,9 @@ class ProfiledLoader:
             self._lean = [0, 0, 0]
             costs = (("ab_lean_batches", batches), ("ab_lean_samples", samples), ("main_ns", own))
             self.session.add_costs(costs)
+        if self._fast_own:  # NOTE [ Workers' batches, past the generators ]
+            self.session.add_cost("main_ns", self._fast_own)
+            self._fast_own = 0
         self.session.run_deferred()
         self._publish_first()
         sketcher = getattr(self.loader.collate_fn, "sketcher", None)
