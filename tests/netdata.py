@@ -45,9 +45,19 @@ def shard(i: int, samples: int = SHARD_SAMPLES) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     """``/<i>``: LATENCY_S, then the body at once; ``/slow/<i>``: the headers at once, then
     the body in 16 parts 1.5 ms apart (a transfer-bound fetch); ``/shard-<i>.tar``: LATENCY_S,
-    then WebDataset shard ``i``."""
+    then WebDataset shard ``i``; ``/many/<i>/<k>``: LATENCY_S, then the bodies of ``i`` to
+    ``i + k - 1`` in one."""
 
     def do_GET(self) -> None:
+        if self.path.startswith("/many/"):  # /many/<i>/<k>: LATENCY_S, then k samples' bodies
+            i, k = (int(x) for x in self.path[len("/many/") :].split("/"))
+            time.sleep(LATENCY_S)
+            body = b"".join(bytes([(i + j) % 251]) * BODY for j in range(k))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path.startswith("/shard-"):
             time.sleep(LATENCY_S)
             body = shard(int(self.path[len("/shard-") : -len(".tar")]))
@@ -176,6 +186,20 @@ class Remote(Dataset):  # type: ignore[type-arg]
                 data = r.read()
         time.sleep(self.work_s)
         return torch.tensor([len(data), data[0]])
+
+
+class Batched(Remote):
+    """``Remote``'s samples, a batch's fetched in one request (``__getitems__``: the
+    ``dominant-stage`` fetch fix, objects that hold a batch), then ``work_s`` a sample."""
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        data = _get(f"{self.url}many/{indices[0]}/{len(indices)}")
+        out = []
+        for k in range(len(indices)):
+            body = data[k * BODY : (k + 1) * BODY]
+            time.sleep(self.work_s)
+            out.append(torch.tensor([len(body), body[0]]))
+        return out
 
 
 class Cached(Remote):

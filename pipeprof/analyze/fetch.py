@@ -66,6 +66,52 @@ def quantile_bound(hist: list[int], q: float) -> float | None:
     return None
 
 
+# NOTE [ Objects that hold a batch ]
+# A fetch that waits for each request's first byte (the latency, not the bodies, takes most of
+# it) costs a sample the wait over the samples a request brings. ``per_request_rate`` is the
+# what-if of fetching objects of ``k`` samples (a batch's, or a shard's): each fetch stage's
+# time a sample is split into the requests' latency and their bodies' reading, as the fetch
+# rows measured them (``latency_ms_mean`` x ``requests``, ``read_s``); the latency part is
+# scaled by the requests a sample has now over ``1 / k``, the bodies' part kept (the same bytes
+# at the same rate a request), and the stage's CPU scaled with its time (``faster``: its parent
+# stage, ``load``, saves as much). The loader's rate at
+# the workers there are follows from the worker-pool model (analyze/whatif.py). It assumes a
+# request's wait does not grow with its body (a first byte: true of the local test server and
+# of object stores, whose time to first byte is per request) and that no more requests are
+# made than now for the same samples.
+
+
+def per_request_rate(report: dict[str, Any], facts: dict[str, Any], k: int
+                     ) -> tuple[float, float] | None:  # fmt: skip
+    """The loader's rate now and with objects of ``k`` samples a request (NOTE [ Objects that
+    hold a batch ]), at the workers there are; None where the model or the rows are missing,
+    or the requests already bring ``k`` samples or more each."""
+    from pipeprof.analyze.scenarios import from_report
+    from pipeprof.analyze.whatif import faster, throughput
+
+    rows = report.get("fetch") or []
+    stages = report.get("stages") or {}
+    samples, batches = report.get("samples") or 0, report.get("batches") or 0
+    timed = (report.get("meta") or {}).get("timed_batches")
+    timed_samples = timed * samples / batches if timed and batches else samples
+    latency = sum((r.get("latency_ms_mean") or 0) * r["requests"] / 1e3 for r in rows)
+    total = sum(r["fetch_s"] for r in rows)
+    requests = sum(r["requests"] for r in rows)
+    model = from_report(report, int(facts["cores"]))
+    if model is None or not total or not requests or not timed_samples or k < 1:
+        return None
+    per_sample = requests / timed_samples
+    if per_sample <= 1 / k:
+        return None
+    scale = latency / total * (1 / k) / per_sample + (1 - latency / total)
+    known = {st.path for st in model.stages}
+    paths = [p for p in stages if p.endswith("/fetch") and p in known]
+    if not paths or scale >= 1:
+        return None
+    n = facts["n_workers"]  # a child's saving comes off its parent too (``faster``)
+    return throughput(model, n), throughput(faster(model, {p: 1 / scale for p in paths}), n)
+
+
 # NOTE [ A cache for later epochs ]
 # A loader that fetches its samples over the network fetches them again every epoch. Where a
 # profile saw two full passes or more, and the fetch (every ``*/fetch`` stage) is CACHE_SHARE of

@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeprof.analyze.accounting import ACCOUNTING_RULES
 from pipeprof.analyze.budget import Budget, budget, memory_cap
-from pipeprof.analyze.fetch import FETCH_RULES
+from pipeprof.analyze.fetch import FETCH_RULES, per_request_rate
 from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.analyze.hangs import HANG_RULES
 from pipeprof.analyze.hdf5 import H5_RULES
@@ -54,9 +54,10 @@ _FIXES = {
 }
 
 
-def fetch_fix(rows: list[dict[str, Any]]) -> str:
+def fetch_fix(rows: list[dict[str, Any]], batched: str = "") -> str:
     """The fix for a pipeline limited by its network reads (docs/streaming.md): by whether the
-    requests' latency or their bodies' transfer takes most of the fetch."""
+    requests' latency or their bodies' transfer takes most of the fetch; ``batched``: what
+    fetching a batch's samples in one request would give (``per_request_rate``)."""
     latency = sum((r.get("latency_ms_mean") or 0) * r["requests"] / 1e3 for r in rows)
     total = sum(r["fetch_s"] for r in rows)
     requests = sum(r["requests"] for r in rows)
@@ -69,8 +70,8 @@ def fetch_fix(rows: list[dict[str, Any]]) -> str:
             "fetch: the latency limits it, not the bandwidth. Keep more requests in flight (more "
             "workers, which wait without using a core: see the what-if; or a thread pool over a "
             "batch's samples in __getitems__), fetch larger objects that hold many samples "
-            "(shards), so that each wait pays for more of them, and cache what later epochs "
-            "read again"
+            f"(shards), so that each wait pays for more of them{batched}, and cache what later "
+            "epochs read again"
         )
     rate = sum(r["bytes"] for r in rows) / 1e6 / max(total - latency, 1e-9)
     return (
@@ -78,6 +79,22 @@ def fetch_fix(rows: list[dict[str, Any]]) -> str:
         "fetch fewer bytes (smaller encodings, resized images) or read from a closer store, "
         "and cache what later epochs read again"
     )
+
+
+def _batched(report: dict[str, Any], facts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What objects of a batch's samples would give the loader (NOTE [ Objects that hold a
+    batch ] in analyze/fetch.py), as the fetch fix says it, and its figures for the finding's
+    evidence; ("", {}) where it cannot be said."""
+    size = round((report.get("samples") or 0) / max(1, report.get("batches") or 0))
+    rates = per_request_rate(report, facts, size) if size > 1 else None
+    if rates is None:
+        return "", {}
+    now, then = rates
+    said = (f" (objects of a batch's {size} samples, one request a batch: the loader alone at "
+            f"about {then:.0f} samples/s against {now:.0f} now, the what-if at "
+            f"{facts['n_workers']} workers)")  # fmt: skip
+    return said, {"samples_per_request": size, "samples_per_s_now": round(now, 1),
+                  "samples_per_s_batched": round(then, 1)}  # fmt: skip
 
 
 def tokenize_fix(tok: dict[str, Any]) -> str:
@@ -111,10 +128,12 @@ def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Findin
     share = row["total_s"] / total
     if share < DOMINANT_SHARE:
         return None
+    more: dict[str, Any] = {}
     if path == "collate":
         fix = collate_fix(report.get("meta") or {})
     elif path.endswith("/fetch") and report.get("fetch"):
-        fix = fetch_fix(report["fetch"])
+        said, more = _batched(report, facts)
+        fix = fetch_fix(report["fetch"], said)
     elif path.endswith("/tokenize") and (report.get("tokens") or {}).get("tokenizer"):
         fix = tokenize_fix(report["tokens"]["tokenizer"])
     elif path in _FIXES:
@@ -140,6 +159,7 @@ def rule_dominant_stage(report: dict[str, Any], facts: dict[str, Any]) -> Findin
             "share": round(share, 4),
             "per_sample_ms": row["per_sample_ms"],
             "total_s": row["total_s"],
+            **more,
         },
         fix,
     )

@@ -1,0 +1,71 @@
+"""The latency-bound fetch's what-if, followed (issue 44: "shards of size S" checked against a
+real run on the local server, within 15 %; docs/streaming.md).
+
+tests/netdata.py's HTTP server on 127.0.0.1 waits 20 ms before each answer. ``Remote`` fetches
+each sample's 64 kB body in a request of its own, then works 5 ms; 2 forked workers, batches
+of 8, ``--samples`` samples; one pass profiled (``Profiler.wrap``, the loader alone). Its
+``dominant-stage`` finding says what objects of a batch's samples would give (NOTE [ Objects
+that hold a batch ] in pipeprof/analyze/fetch.py); ``Batched`` is the fix followed: the same
+samples, a batch's in one request (``__getitems__``). Both are run plain for their steady rate
+(after the first batch). Medians over ``--rounds``.
+
+    .venv/bin/python benchmarks/fetch_batched.py --rounds 3   # ~1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from torch.utils.data import DataLoader
+
+import pipeprof
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from netdata import Batched, Remote, server
+
+
+def loader(dataset) -> DataLoader:  # type: ignore[no-untyped-def,type-arg]
+    return DataLoader(dataset, batch_size=8, num_workers=2, multiprocessing_context="fork")
+
+
+def promised(dataset) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """The ``dominant-stage`` finding's evidence, from one profiled pass."""
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        for _batch in prof.wrap(loader(dataset)):
+            pass
+    (found,) = [f for f in prof.report().to_dict()["findings"] if f["id"] == "dominant-stage"]
+    return found["evidence"]  # type: ignore[no-any-return]
+
+
+def steady(dataset) -> float:  # type: ignore[no-untyped-def]
+    """The plain loader's samples/s after its first batch."""
+    marks = [time.perf_counter() for _batch in loader(dataset)]
+    return (len(dataset) - 8) / (marks[-1] - marks[0])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--samples", type=int, default=256)
+    args = p.parse_args()
+    got: dict[str, list[float]] = {"now": [], "promised": [], "followed": []}
+    with server() as url:
+        for _ in range(args.rounds):
+            ev = promised(Remote(url, args.samples))
+            got["promised"].append(ev["samples_per_s_batched"])
+            got["now"].append(steady(Remote(url, args.samples)))
+            got["followed"].append(steady(Batched(url, args.samples)))
+            print({k: round(v[-1], 1) for k, v in got.items()}, flush=True)
+    med = {k: statistics.median(v) for k, v in got.items()}
+    print(f"one request a sample: {med['now']:.1f} samples/s plain; the what-if with a batch's 8 "
+          f"samples a request: {med['promised']:.1f}; followed: {med['followed']:.1f} "
+          f"(the what-if {med['promised'] / med['followed'] - 1:+.1%})")
+
+
+if __name__ == "__main__":
+    main()
