@@ -828,7 +828,11 @@ def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch)
             assert compute >= 0.3e6, (k, compute)
         if k + 1 < len(mine) and k % 50 != 49:
             gaps.append(mine[k + 1][0] - (t_req + wait + compute))
-    assert min(gaps) >= 0 and sum(g == 0 for g in gaps) >= 100, sorted(gaps)[:5]  # as fetched
+    # back to back as fetched, but where the next step goes through the generators (a CPU-time
+    # read every 20 ms, so their count follows the machine's load): 79 of 100 or more fetched
+    # beside another test, so a fixed 100 failed once
+    zeros = sum(g == 0 for g in gaps)
+    assert min(gaps) >= 0 and zeros >= 0.5 * fetched, (zeros, fetched, sorted(gaps)[:5])
     # the user's region in step 120 is that step's transfer, as through the generator (each
     # run against its own region: a 0.1 ms spin of one run may be preempted, the other's not)
     for run in (fast, slow):

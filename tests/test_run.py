@@ -435,17 +435,10 @@ def test_regions_are_timed_in_a_sample_of_the_steps_and_cost_what_those_steps_to
     assert f"timed in {len(timed)} of 100 steps" in text
 
 
-def _fast_path_loop(
-    monkeypatch: pytest.MonkeyPatch, fast: bool, fail_at: int | None = None, regions: bool = True
-):
-    """300 steps of a known fetch (4 samples of 0.05 ms) and compute (0.3 ms), a nested pass of
-    another loader every 50 steps; with the fast path (NOTE [ The fast path ] in attach/run.py) or
-    with every batch asking the pass. Returns the report, the session and the fast fetches."""
-    import torch
-    from pipelines import KnownFetch, known_step
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
+def _count_fast_fetches(monkeypatch: pytest.MonkeyPatch, fast: bool) -> list[int]:
+    """The batches ``pipeprof run`` fetches the fast way (NOTE [ The fast path ] in
+    attach/run.py), counted in the list's one item; with ``fast`` False every batch asks the
+    pass."""
     from pipeprof.attach.run import Run
     from pipeprof.collect.torch.loader import ProfiledLoader
 
@@ -459,7 +452,23 @@ def _fast_path_loop(
         return fast_next(self, short)
 
     monkeypatch.setattr(ProfiledLoader, "fast_next", counted)
+    return fetched
 
+
+def _fast_path_loop(
+    monkeypatch: pytest.MonkeyPatch, fast: bool, fail_at: int | None = None, regions: bool = True
+):
+    """300 steps of a known fetch (4 samples of 0.05 ms) and compute (0.3 ms), a nested pass of
+    another loader every 50 steps; with the fast path (NOTE [ The fast path ] in attach/run.py) or
+    with every batch asking the pass. Returns the report, the session and the fast fetches."""
+    import torch
+    from pipelines import KnownFetch, known_step
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pipeprof.attach.run import Run
+
+    fetched = _count_fast_fetches(monkeypatch, fast)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     val = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
@@ -544,18 +553,8 @@ def _worker_fast_loop(monkeypatch: pytest.MonkeyPatch, fast: bool, sample_ms: fl
     from torch.utils.data import DataLoader
 
     from pipeprof.attach.run import Run
-    from pipeprof.collect.torch.loader import ProfiledLoader
 
-    if not fast:
-        monkeypatch.setattr(Run, "_fast", lambda self, entry, src, short, slow, cell: slow)
-    fetched = [0]
-    fast_next = ProfiledLoader.fast_next
-
-    def counted(self: ProfiledLoader, short: object) -> object:
-        fetched[0] += 1
-        return fast_next(self, short)
-
-    monkeypatch.setattr(ProfiledLoader, "fast_next", counted)
+    fetched = _count_fast_fetches(monkeypatch, fast)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
