@@ -74,11 +74,10 @@ def quantile_bound(hist: list[int], q: float) -> float | None:
 # rows measured them (``latency_ms_mean`` x ``requests``, ``read_s``); the latency part is
 # scaled by the requests a sample has now over ``1 / k``, the bodies' part kept (the same bytes
 # at the same rate a request), and the stage's CPU scaled with its time (``faster``: its parent
-# stage, ``load``, saves as much). The loader's rate at
-# the workers there are follows from the worker-pool model (analyze/whatif.py). It assumes a
-# request's wait does not grow with its body (a first byte: true of the local test server and
-# of object stores, whose time to first byte is per request) and that no more requests are
-# made than now for the same samples.
+# stage, ``load``, saves as much). The loader's rate at the workers there are follows from the
+# worker-pool model (analyze/whatif.py). It assumes a request's wait does not grow with its
+# body (a first byte: true of the local test server and of object stores, whose time to first
+# byte is per request) and that no more requests are made than now for the same samples.
 
 
 def per_request_rate(report: dict[str, Any], facts: dict[str, Any], k: int

@@ -942,8 +942,8 @@ class ProfiledLoader:
                 short.fetch = fetch = functools.partial(_raw_next, weakref.ref(it))
                 fast = (plan.sampled and plan.lean) or workers
                 self._opened = (it, short if fast else None)
-            elif hand and ((plan.sampled and plan.lean) or workers):  # Profiler.wrap's pass
-                fast = True  # reads torch's own
+            elif hand and plan.sampled and plan.lean:  # Profiler.wrap's pass reads torch's own
+                fast = True
                 self._opened = (None, short)
             del it
             yield None  # begun: ``open`` returns
