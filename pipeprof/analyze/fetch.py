@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from pipeprof.analyze.finding import Finding, finding
+from pipeprof.analyze.scenarios import from_report
+from pipeprof.analyze.whatif import cached, faster, throughput
 from pipeprof.core.session import Session
 from pipeprof.core.units import LATENCY_BOUNDS_MS
 
@@ -66,6 +68,21 @@ def quantile_bound(hist: list[int], q: float) -> float | None:
     return None
 
 
+def fetch_totals(rows: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """Over the fetch rows: the requests' wait for their first byte (s), the whole fetch (s)
+    and the requests."""
+    latency = sum((r.get("latency_ms_mean") or 0) * r["requests"] / 1e3 for r in rows)
+    return latency, sum(r["fetch_s"] for r in rows), sum(r["requests"] for r in rows)
+
+
+def timed_samples(report: dict[str, Any]) -> float:
+    """The samples of the batches whose stages were timed, which the fetch rows count (NOTE
+    [ Unprofiled batches ] in collect/torch/loader.py)."""
+    samples, batches = report.get("samples") or 0, report.get("batches") or 0
+    timed = (report.get("meta") or {}).get("timed_batches")
+    return float(timed * samples / batches if timed and batches else samples)
+
+
 # NOTE [ Objects that hold a batch ]
 # A fetch that waits for each request's first byte (the latency, not the bodies, takes most of
 # it) costs a sample the wait over the samples a request brings. ``per_request_rate`` is the
@@ -85,21 +102,13 @@ def per_request_rate(report: dict[str, Any], facts: dict[str, Any], k: int
     """The loader's rate now and with objects of ``k`` samples a request (NOTE [ Objects that
     hold a batch ]), at the workers there are; None where the model or the rows are missing,
     or the requests already bring ``k`` samples or more each."""
-    from pipeprof.analyze.scenarios import from_report
-    from pipeprof.analyze.whatif import faster, throughput
-
-    rows = report.get("fetch") or []
     stages = report.get("stages") or {}
-    samples, batches = report.get("samples") or 0, report.get("batches") or 0
-    timed = (report.get("meta") or {}).get("timed_batches")
-    timed_samples = timed * samples / batches if timed and batches else samples
-    latency = sum((r.get("latency_ms_mean") or 0) * r["requests"] / 1e3 for r in rows)
-    total = sum(r["fetch_s"] for r in rows)
-    requests = sum(r["requests"] for r in rows)
+    latency, total, requests = fetch_totals(report.get("fetch") or [])
+    samples = timed_samples(report)
     model = from_report(report, int(facts["cores"]))
-    if model is None or not total or not requests or not timed_samples or k < 1:
+    if model is None or not total or not requests or not samples or k < 1:
         return None
-    per_sample = requests / timed_samples
+    per_sample = requests / samples
     if per_sample <= 1 / k:
         return None
     scale = latency / total * (1 / k) / per_sample + (1 - latency / total)
@@ -124,9 +133,6 @@ CACHE_WARN = 0.5  # a warning from this share
 
 def rule_fetch_cache(report: dict[str, Any], facts: dict[str, Any]) -> Finding | None:
     """Every pass fetched its data again (NOTE [ A cache for later epochs ])."""
-    from pipeprof.analyze.scenarios import from_report
-    from pipeprof.analyze.whatif import cached, throughput
-
     rows = report.get("fetch") or []
     passes = (report.get("accounting") or {}).get("epochs") or []
     total = facts.get("pipeline_s")
@@ -137,12 +143,10 @@ def rule_fetch_cache(report: dict[str, Any], facts: dict[str, Any]) -> Finding |
     fetch_s = sum(stages[p]["total_s"] for p in paths)
     share = fetch_s / total
     nbytes = sum(r["bytes"] for r in rows)
-    samples, batches = report.get("samples") or 0, report.get("batches") or 0
-    timed = (report.get("meta") or {}).get("timed_batches")
-    timed_samples = timed * samples / batches if timed and batches else samples
-    if share < CACHE_SHARE or not nbytes or not timed_samples:
+    timed = timed_samples(report)
+    if share < CACHE_SHARE or not nbytes or not timed:
         return None
-    mb = nbytes / timed_samples * max(passes) / 1e6
+    mb = nbytes / timed * max(passes) / 1e6
     n = facts["n_workers"]
     model = from_report(report, int(facts["cores"]))
     known = {s.path for s in model.stages} if model is not None else set()

@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeprof.analyze.accounting import ACCOUNTING_RULES
 from pipeprof.analyze.budget import Budget, budget, memory_cap
-from pipeprof.analyze.fetch import FETCH_RULES, per_request_rate
+from pipeprof.analyze.fetch import FETCH_RULES, fetch_totals, per_request_rate
 from pipeprof.analyze.finding import Finding, Severity, finding
 from pipeprof.analyze.hangs import HANG_RULES
 from pipeprof.analyze.hdf5 import H5_RULES
@@ -58,9 +58,7 @@ def fetch_fix(rows: list[dict[str, Any]], batched: str = "") -> str:
     """The fix for a pipeline limited by its network reads (docs/streaming.md): by whether the
     requests' latency or their bodies' transfer takes most of the fetch; ``batched``: what
     fetching a batch's samples in one request would give (``per_request_rate``)."""
-    latency = sum((r.get("latency_ms_mean") or 0) * r["requests"] / 1e3 for r in rows)
-    total = sum(r["fetch_s"] for r in rows)
-    requests = sum(r["requests"] for r in rows)
+    latency, total, requests = fetch_totals(rows)
     if not total or not requests:
         return "make load/fetch cheaper, or move it off the per-sample path"
     mean = latency / requests * 1e3
