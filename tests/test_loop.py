@@ -28,6 +28,7 @@ from pipeprof.analyze.stages import AB_MIN_OFF
 from pipeprof.collect.torch.loader import TIMED_FIRST
 from pipeprof.core.batch import batch_size
 from pipeprof.core.recorder import STAGE_EVERY, recorder
+from pipeprof.profiler import CPU_GAP_NS
 
 
 def run_loop(loader, compute_ms: float, **kwargs):
@@ -806,10 +807,7 @@ def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch)
     what was injected, back to back; its own time stated with the loader's."""
     fast, session, fetched = _hand_fast_loop(monkeypatch, fast=True)
     slow, _, none = _hand_fast_loop(monkeypatch, fast=False)
-    # all but the first 80, 1 in 32 or so after, and a step every 20 ms (it reads the CPU time):
-    # 205 or so on a quiet machine, 183 beside a busy core (a slower run has more steps 20 ms
-    # apart); a short path not taken fetches none
-    assert none == 0 and fetched >= 100
+    assert none == 0 and fetched > 0  # a short path not taken fetches none
     # each of the Profiler's passes' batches is a step: 300, and 2 in each of 6 nested passes
     for key in ("steps", "epochs"):
         assert fast["loop"][key] == slow["loop"][key] == (312 if key == "steps" else 7)
@@ -847,6 +845,11 @@ def test_the_hand_fast_path_writes_each_step_as_the_generator_would(monkeypatch)
     # +1.6 ms in 5 runs of each path; a stale hand-over counted 17.8 to 40.8 ms twice
     t0, last = ring[0][0], ring[-1]
     span = last[0] + last[1] + last[2] + last[3] - t0
+    # all but the first 80, 1 in 32 or so after, the nested passes' neighbours, and a step every
+    # CPU_GAP_NS (it reads the CPU time): 243 in a 235 ms span on a quiet machine. A slower run
+    # has more steps that far apart (96 beside a busy test failed a fixed 100; 156 in 2.6 s beside
+    # two busy cores), so the bound follows this run's own span
+    assert fetched >= 185 - span / CPU_GAP_NS, (fetched, span)
     assert sum(w + x + c for _, w, x, c, _ in ring) - span <= 8e6
     assert fast["loop"]["compute_s"] == pytest.approx(sum(s[3] for s in ring) / 1e9, rel=0.01)
     for r in (fast, slow):
