@@ -75,3 +75,15 @@ def counts(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) ->
 def timed_indices(passes: Sequence[int], workers: int = 0, every: int = STAGE_EVERY) -> list[int]:
     """The indices (over the whole profile) of the batches whose stages were timed."""
     return [i for i, arm in enumerate(arms(passes, workers, every)) if arm in PROFILED]
+
+
+def cpu_reads(session) -> float:
+    """The most steps of a profile that its CPU-time reads sent through the generators, one
+    each CPU_GAP_NS of the steps' span (NOTE [ CPU training shares the cores ] in profiler.py):
+    a slower run has more of them, so a bound on the steps fetched the fast way leaves them out
+    and holds whatever the machine's load."""
+    from pipeprof.profiler import CPU_GAP_NS
+
+    ring = list(session.loop.step_ring)
+    last = ring[-1]
+    return (last[0] + last[1] + last[2] + last[3] - ring[0][0]) / CPU_GAP_NS + 1

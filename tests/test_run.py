@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from stage_sampling import counts
+from stage_sampling import counts, cpu_reads
 
 from pipeprof.attach.regions import REGIONS_EVERY, REGIONS_FIRST
 
@@ -613,9 +613,11 @@ def test_the_fast_path_states_its_cost_with_no_regions_timed(monkeypatch):
 def test_a_crash_in_a_fast_step_keeps_its_steps(monkeypatch):
     """The user's exception in a step whose batch came the fast way: the steps up to it are all
     in the report, as through the pass."""
-    fast, _, fetched = _fast_path_loop(monkeypatch, fast=True, fail_at=200)
+    fast, session, fetched = _fast_path_loop(monkeypatch, fast=True, fail_at=200)
     slow, _, _ = _fast_path_loop(monkeypatch, fast=False, fail_at=200)
-    assert fetched > 100
+    # all but the first 80, 1 in 32 or so after, and a step every CPU_GAP_NS: 151 on a quiet
+    # machine, 109 to 144 beside two busy cores (a fixed 100 failed beside another test: 27)
+    assert fetched >= 130 - cpu_reads(session), fetched
     assert fast["loop"]["steps"] == slow["loop"]["steps"] == 201
     assert fast["batches"] == slow["batches"] == 201
 
