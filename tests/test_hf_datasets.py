@@ -8,12 +8,13 @@ import time
 
 import pytest
 import torch
+from lazy import module
 from pipelines import plain_and_profiled, same_batches
 from torch.utils.data import DataLoader, get_worker_info
 
 import pipeprof
 
-datasets = pytest.importorskip("datasets")
+datasets = module("datasets")
 
 TRANSFORM_MS = 3.0
 

@@ -16,7 +16,6 @@ import pytest
 from stage_sampling import counts
 from torch.utils.data import DataLoader
 
-pytest.importorskip("lightning")
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ROOT = Path(__file__).resolve().parent.parent
 LIGHTNING = str(SCRIPTS / "lightning_fit.py")

@@ -7,11 +7,12 @@ import time
 
 import numpy as np
 import pytest
+from lazy import module
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
+tf = module("tensorflow")
+keras = module("keras")
 
-import pipeprof.keras  # noqa: E402
+pipeprof_keras = module("pipeprof.keras")  # it imports tensorflow
 
 TRUTH: list[int] = []
 BATCH = 8
@@ -58,7 +59,7 @@ def model(units: int):
 def input_bound():
     TRUTH.clear()
     ds = data(slow=True)
-    cb = pipeprof.keras.ProfilerCallback(ds)
+    cb = pipeprof_keras.ProfilerCallback(ds)
     model(16).fit(ds, epochs=1, verbose=0, callbacks=[cb])
     return cb.report().to_dict(), statistics.fmean(TRUTH) / 1e6
 
@@ -90,7 +91,7 @@ def test_steps_per_execution_counts_every_batch():
     """Keras calls the batch hooks once per execution of steps_per_execution batches."""
     TRUTH.clear()
     ds = data(slow=True, batches=24)
-    cb = pipeprof.keras.ProfilerCallback(ds, skip_steps=1)
+    cb = pipeprof_keras.ProfilerCallback(ds, skip_steps=1)
     m = model(16)
     m.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
     m.fit(ds, epochs=1, verbose=0, callbacks=[cb])
@@ -109,7 +110,7 @@ def test_compute_bound_fit():
     (with 1024 units, steps of ~7 ms and a wait of ~0.8 %, a few ms of another test's load on
     the prefetch thread would reach it)."""
     ds = data(slow=False, batches=12)
-    cb = pipeprof.keras.ProfilerCallback(ds, trace_steps=8)
+    cb = pipeprof_keras.ProfilerCallback(ds, trace_steps=8)
     model(2048).fit(ds, epochs=1, verbose=0, callbacks=[cb])
     data_ = cb.report().to_dict()
     assert data_["verdict"]["kind"] == "compute-bound", data_["verdict"]
@@ -138,7 +139,7 @@ def slow_start(seconds: float, batches: int):
 
 def test_the_report_says_which_steps_it_covers_and_measures_start_up():
     ds = slow_start(0.4, batches=12)
-    cb = pipeprof.keras.ProfilerCallback(ds, trace_steps=4)
+    cb = pipeprof_keras.ProfilerCallback(ds, trace_steps=4)
     model(16).fit(ds, epochs=1, verbose=0, callbacks=[cb])
     report = cb.report()
     loop = report.to_dict()["loop"]
@@ -152,7 +153,7 @@ def test_the_report_says_which_steps_it_covers_and_measures_start_up():
 def test_differential_run_restores_the_model():
     ds = data(slow=False, batches=6)
     m = model(16)
-    cb = pipeprof.keras.ProfilerCallback(ds, differential=True, replay_batches=4)
+    cb = pipeprof_keras.ProfilerCallback(ds, differential=True, replay_batches=4)
     m.fit(ds, epochs=1, verbose=0, callbacks=[cb])
     before = [w.copy() for w in m.get_weights()]
     iterations = int(m.optimizer.iterations.numpy())
@@ -166,7 +167,7 @@ def test_differential_run_restores_the_model():
 def test_profiler_busy_falls_back_to_the_differential_run(tmp_path):
     TRUTH.clear()
     ds = data(slow=True, batches=10)
-    cb = pipeprof.keras.ProfilerCallback(ds)
+    cb = pipeprof_keras.ProfilerCallback(ds)
     tf.profiler.experimental.start(str(tmp_path))
     try:
         model(16).fit(ds, epochs=1, verbose=0, callbacks=[cb])

@@ -10,13 +10,18 @@ import subprocess
 import sys
 
 import pytest
+from lazy import module
 
-tf = pytest.importorskip("tensorflow")
+tf = module("tensorflow")
 
 import pipeprof  # noqa: E402
 from pipeprof.collect.tf.dataset import TRACE_BATCHES, check_device  # noqa: E402
 
-HAS_GPU = bool(tf.config.list_logical_devices("GPU"))
+
+def has_gpu() -> bool:
+    """Whether TensorFlow sees a GPU (read as a skip is decided, not as the tests are collected)."""
+    return bool(tf.config.list_logical_devices("GPU"))
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PEAK_RSS = """
@@ -145,7 +150,7 @@ def test_the_prefix_benchmark_is_bounded_too(tmp_path):
 # ---- device strings ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(HAS_GPU, reason="checks a machine without a GPU")
+@pytest.mark.skipif("has_gpu()", reason="checks a machine without a GPU")
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "/GPU:0", "gpu"])
 def test_a_gpu_device_without_a_gpu_is_refused_with_the_tensorflow_spelling(device):
     ds = tf.data.Dataset.range(4)
@@ -160,7 +165,7 @@ def test_a_gpu_device_without_a_gpu_is_refused_with_the_tensorflow_spelling(devi
     assert not prof._running  # the failed wrap stopped what it started
 
 
-@pytest.mark.skipif(HAS_GPU, reason="checks a machine without a GPU")
+@pytest.mark.skipif("has_gpu()", reason="checks a machine without a GPU")
 def test_a_torch_device_is_read_as_its_tensorflow_spelling():
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match=r"'/GPU:1'.*no GPU"):
@@ -174,7 +179,7 @@ def test_device_strings_tensorflow_cannot_use_are_refused(device):
         pipeprof.profile(tf.data.Dataset.range(4), device=device)
 
 
-@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU TensorFlow can see")
+@pytest.mark.skipif("not has_gpu()", reason="needs a GPU TensorFlow can see")
 def test_cuda_is_the_first_gpu():
     assert check_device("cuda") == "/GPU:0" and check_device("/gpu:0") == "/GPU:0"
     data = pipeprof.profile(tf.data.Dataset.range(8).batch(2), device="cuda").to_dict()

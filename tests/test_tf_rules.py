@@ -8,8 +8,9 @@ import os
 import time
 
 import pytest
+from lazy import module
 
-tf = pytest.importorskip("tensorflow")
+tf = module("tensorflow")
 
 import pipeprof  # noqa: E402
 
