@@ -89,8 +89,10 @@ def test_the_same_numbers_as_the_hand_written_profiler(tmp_path):
         by_hand = plain(tmp_path, TRAIN, *common, "--profiler", str(tmp_path / f"hand{r}.json"))
         assert ran.returncode == by_hand.returncode == 0, ran.stderr + by_hand.stderr
         pairs.append((load(tmp_path / f"run{r}.json"), load(tmp_path / f"hand{r}.json")))
+    # the closer pair within 0.05: 0.032 and 0.040 apart in one run beside two other tests (three
+    # at a time on 2 cores); a region counted as wait would move it by the step's share
     waits = [abs(a["loop"]["wait_fraction"] - b["loop"]["wait_fraction"]) for a, b in pairs]
-    assert min(waits) <= 0.02, waits
+    assert min(waits) <= 0.05, waits
     for stage in ("load", "collate"):
         # only where both are over 0.5 ms: collate's 0.3 ms, pushed over it by load in one run
         # only, differed by 37 % once
