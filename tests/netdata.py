@@ -3,6 +3,7 @@ collector's tests (tests/test_fetch.py). Importable, so that spawned workers can
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -11,10 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import fsspec  # as a dataset's module that streams through it would
 import torch
 from torch.utils.data import Dataset
 
 BODY = 64 * 1024  # bytes a response
+SERVED: collections.Counter[str] = collections.Counter()  # requests answered, by method
 LATENCY_S = 0.02  # the server's wait before it answers
 
 
@@ -42,13 +45,52 @@ def shard(i: int, samples: int = SHARD_SAMPLES) -> bytes:
     return out.getvalue()
 
 
+ROWS = 64  # a JSON-lines file's rows
+
+
+def rows(i: int) -> bytes:
+    """JSON-lines file ``i``: ROWS rows ``{"x": [n] * 16}``, n numbering them across files."""
+    import json
+
+    return b"".join(json.dumps({"x": [i * ROWS + k] * 16}).encode() + b"\n" for k in range(ROWS))
+
+
 class _Handler(BaseHTTPRequestHandler):
     """``/<i>``: LATENCY_S, then the body at once; ``/slow/<i>``: the headers at once, then
     the body in 16 parts 1.5 ms apart (a transfer-bound fetch); ``/shard-<i>.tar``: LATENCY_S,
     then WebDataset shard ``i``; ``/many/<i>/<k>``: LATENCY_S, then the bodies of ``i`` to
-    ``i + k - 1`` in one."""
+    ``i + k - 1`` in one; ``/rows-<i>.jsonl``: LATENCY_S, then ``rows(i)`` (or the ``Range``
+    of it asked); a HEAD: LATENCY_S, then the headers of a GET of the path. Each request
+    counted in SERVED."""
+
+    def do_HEAD(self) -> None:  # fsspec asks a file's size first
+        SERVED["HEAD"] += 1
+        time.sleep(LATENCY_S)
+        self.send_response(200)
+        if self.path.startswith("/rows-"):
+            size = len(rows(int(self.path[len("/rows-") : -len(".jsonl")])))
+            self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(size if self.path.startswith("/rows-") else BODY))
+        self.end_headers()
 
     def do_GET(self) -> None:
+        SERVED["GET"] += 1
+        if self.path.startswith("/rows-"):  # /rows-<i>.jsonl: LATENCY_S, then its rows (a range)
+            time.sleep(LATENCY_S)
+            body = rows(int(self.path[len("/rows-") : -len(".jsonl")]))
+            asked = self.headers.get("Range", "")
+            if asked.startswith("bytes="):
+                first, _, last = asked[len("bytes=") :].partition("-")
+                end = min(len(body), int(last) + 1) if last else len(body)
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {first}-{end - 1}/{len(body)}")
+                body = body[int(first) : end]
+            else:
+                self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path.startswith("/many/"):  # /many/<i>/<k>: LATENCY_S, then k samples' bodies
             i, k = (int(x) for x in self.path[len("/many/") :].split("/"))
             time.sleep(LATENCY_S)
@@ -161,9 +203,9 @@ def server() -> Iterator[str]:
 
 
 class Remote(Dataset):  # type: ignore[type-arg]
-    """``n`` samples, each fetched from ``url`` (``client``: ``urllib``, ``requests``, or
-    ``pool``: urllib on a helper thread), then ``work_s`` of other work (a local decode),
-    outside the fetch."""
+    """``n`` samples, each fetched from ``url`` (``client``: ``urllib``, ``requests``, ``pool``:
+    urllib on a helper thread, ``fsspec``: its HTTP filesystem, ``fsspec-stream``: a file it
+    streams), then ``work_s`` of other work (a local decode), outside the fetch."""
 
     def __init__(self, url: str, n: int = 32, client: str = "urllib", work_s: float = 0.005):
         self.url, self.n, self.client, self.work_s = url, n, client, work_s
@@ -181,6 +223,11 @@ class Remote(Dataset):  # type: ignore[type-arg]
             import requests
 
             data = requests.get(self.url + str(i), timeout=30).content
+        elif self.client == "fsspec":  # aiohttp on fsspec's IO thread, as HF streaming reads
+            data = fsspec.filesystem("http").cat_file(self.url + str(i))
+        elif self.client == "fsspec-stream":  # a streamed file: its request made at open
+            with fsspec.open(self.url + str(i), block_size=0) as f:
+                data = f.read()
         else:
             with urllib.request.urlopen(self.url + str(i), timeout=30) as r:
                 data = r.read()

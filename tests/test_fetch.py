@@ -6,7 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from netdata import BODY, LATENCY_S, Local, Remote, S3Objects, s3_server, server
+from netdata import (
+    BODY,
+    LATENCY_S,
+    ROWS,
+    SERVED,
+    Local,
+    Remote,
+    S3Objects,
+    rows,
+    s3_server,
+    server,
+)
 from pipelines import plain_and_profiled, same_batches
 from torch.utils.data import DataLoader
 
@@ -31,15 +42,22 @@ def _profile(dataset, workers: int, context: str | None = None):
 
 @pytest.mark.parametrize(
     ("workers", "context", "client"),
-    [(0, None, "urllib"), (2, "fork", "urllib"), (2, "spawn", "urllib"), (0, None, "requests")],
-)
+    [(0, None, "urllib"), (2, "fork", "urllib"), (2, "spawn", "urllib"), (0, None, "requests"),
+     (0, None, "fsspec"), (2, "fork", "fsspec"), (2, "spawn", "fsspec"),
+     (2, "fork", "fsspec-stream")],
+)  # fmt: skip
 def test_requests_are_the_fetch_stage_with_their_latency_and_bytes(workers, context, client):
     """Each sample's request (20 ms at the server) and body (64 kB) are ``load/fetch``; the 5 ms
     of other work in ``__getitem__`` is not. The host's row counts each request and byte once
-    (``read(n)`` calls ``readinto``: counted once), in whichever process read them."""
+    (``read(n)`` calls ``readinto``: counted once), in whichever process read them. fsspec's
+    HTTP filesystem (NOTE [ fsspec's async filesystems ] in collect/fetch.py) makes its requests
+    on its own IO thread over aiohttp, while the worker waits: the same stage and counts; a
+    streamed file's (``block_size=0``: its size asked first) too."""
     with server() as url:
+        before = sum(SERVED.values())
         report = _profile(Remote(url, N, client), workers, context)
         d = report.to_dict()
+    served = (sum(SERVED.values()) - before) // 2  # the profiled pass's, as the plain one's
     port = url.rsplit(":", 1)[1].strip("/")
     stages = d["stages"]
     fetch, load = stages["load/fetch"], stages["load"]
@@ -47,14 +65,18 @@ def test_requests_are_the_fetch_stage_with_their_latency_and_bytes(workers, cont
     assert fetch["per_sample_ms"] <= load["per_sample_ms"] - 4  # the 5 ms sleep is load's own
     (row,) = d["fetch"]
     assert row["host"] == f"127.0.0.1:{port}"
-    assert row["requests"] == N and row["bytes"] == N * BODY
+    # a streamed file's size asked first (HEAD), then the file: all of them counted
+    assert served == (2 * N if client == "fsspec-stream" else N)
+    assert row["requests"] == served and row["bytes"] == N * BODY
     assert row["latency_ms_mean"] >= LATENCY_S * 1e3
     assert row["latency_ms_p50"] >= 32  # the bucket holding 20 ms and more: (16, 32]
     assert row["read_mb_s"] > 0 and row["fetch_s"] >= N * LATENCY_S
     assert row.keys() == analyze_fetch.FetchRow.__annotations__.keys() == _schema_keys("fetch")
     assert "network reads (HTTP, all processes)" in report.render("text")
     assert "<h2>Network reads (load/fetch)</h2>" in report.render("html")
-    assert not collect_fetch.installed()  # the originals are back once the profile ends
+    # the originals are back once the profile ends
+    assert not collect_fetch.installed() and not collect_fetch.SYNC.installed()
+    assert not collect_fetch.AIO.installed() and not collect_fetch.HTTP.installed()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -165,6 +187,36 @@ def test_the_latency_histogram_is_read_by_its_bucket_bounds():
     assert analyze_fetch.quantile_bound(hist, 0.95) == 16.0
     hist[-1] = 100  # past the last bound: not known
     assert analyze_fetch.quantile_bound(hist, 0.95) is None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_hugging_face_streaming_dataset_over_http_is_load_and_fetch(workers):
+    """``load_dataset("json", data_files=<http URLs>, streaming=True)``: datasets reads the
+    files through fsspec's HTTP filesystem (aiohttp on its IO thread: NOTE [ fsspec's async
+    filesystems ] in collect/fetch.py), a size asked and ranges read. Every request the server
+    answered in the profiled pass is counted, each file's bytes once; the fetch's time is at
+    least the server's 20 ms a request; the batches are the plain pass's."""
+    import datasets
+
+    with server() as url:
+        files = [f"{url}rows-{i}.jsonl" for i in range(2)]
+        ds = datasets.load_dataset("json", data_files=files, streaming=True, split="train")
+        loader = DataLoader(ds.with_format("torch"), batch_size=8, num_workers=workers)
+        before = sum(SERVED.values())
+        plain = [b["x"] for b in loader]
+        between = sum(SERVED.values())
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            got = [b["x"] for b in prof.wrap(loader)]
+        served = sum(SERVED.values()) - between
+    assert served == between - before > 0  # the same requests as the plain pass made
+    assert len(got) == len(plain) == 2 * ROWS // 8
+    assert all(torch.equal(a, b) for a, b in zip(plain, got))
+    d = prof.report().to_dict()
+    fetch = d["stages"]["load/fetch"]
+    assert fetch["per_sample_ms"] * 2 * ROWS >= served * LATENCY_S * 1e3
+    (row,) = d["fetch"]
+    assert row["requests"] == served and row["bytes"] == sum(len(rows(i)) for i in range(2))
 
 
 def _webdataset(url: str, shards: int):  # type: ignore[no-untyped-def]

@@ -32,8 +32,34 @@ requests, their latency's ns and a histogram of it (``LATENCY_BOUNDS_MS``: one c
 so workers' histograms add), body reads, their ns and bytes. The counting is pipeprof's own
 time, detached from the enclosing stages and summed in ``cost_ns``.
 
-Not covered: clients with their own HTTP stack (``aiohttp``, which fsspec's HTTP and s3fs use;
-``httpx``; gRPC). Their time stays in the stage that calls them.
+NOTE [ fsspec's async filesystems ]
+fsspec's HTTP filesystem (what Hugging Face ``datasets`` streams ``http(s)://`` files through)
+and the other async ones (s3fs, gcsfs) run each request as a coroutine on fsspec's own IO thread,
+over ``aiohttp``, while the thread that asked waits in ``fsspec.asyn.sync``:
+
+    pipeline thread: load ... sync(loop, coroutine) ............................ load
+                              |                      waits                    |
+    fsspec's IO thread:       +-- ClientSession._request --+-- response.read --+
+                                  latency (to the headers)    body (bytes)
+
+4. ``fsspec.asyn.sync`` (and the HTTP module's own name for it) is the relative stage
+   ``fetch`` on the thread that waits in it, as a request through ``http.client`` is;
+5. ``aiohttp.ClientSession._request`` (its latency) and ``ClientResponse.read`` (the body, its
+   bytes) are counted per host as 1 and 2 are, on the IO thread, where a stage of the pipeline
+   thread is open. No stage is opened there: its requests interleave;
+6. a streamed HTTP file's ``read`` (``HTTPStreamFile``, ``block_size=0``: its body comes
+   through ``response.content``) is counted on the thread that waits in it.
+A body another client streams through ``response.content`` is in the fetch's time, not counted
+as a read.
+
+Each is patched where its module is imported when the patches are installed: in the training
+process at each pass; in a worker at its start, where ``fsspec`` is imported (its ``asyn``
+module is imported then, once), and aiohttp's and the HTTP module's at the worker's first wait
+in ``fsspec.asyn.sync`` if they were imported after (a filesystem made in the worker; a request
+it made before that wait, through the HTTP module's own ``sync``, is not timed).
+
+Not covered: ``aiohttp`` used directly (no fsspec), ``httpx``, gRPC. Their time stays in the
+stage that calls them.
 """
 
 from __future__ import annotations
@@ -134,16 +160,109 @@ def _pipe_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
 def _pipe_host(pipe: Any) -> str:
     """The ``host:port`` a shard stream's command reads from (``curl ... URL``), else
     ``"pipe"`` (a ``pipe:`` command pipeprof cannot read a host from)."""
-    from urllib.parse import urlsplit
-
     cmd = pipe.args[0][0] if pipe.args and pipe.args[0] else None
     words = cmd.split() if isinstance(cmd, str) else list(cmd or ())
     for word in words:
         if isinstance(word, str) and word.startswith(("http://", "https://")):
-            url = urlsplit(word)
-            port = url.port or (443 if url.scheme == "https" else 80)
-            return f"{url.hostname}:{port}"
+            return _url_host(word)
     return "pipe"
+
+
+def _url_host(url: Any) -> str:
+    """``host:port`` of a URL (a str or a ``yarl.URL``), the scheme's port where it has none."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(str(url))
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return "?"
+    return f"{parts.hostname}:{port}"
+
+
+# In a worker (set by its WorkerInit): aiohttp and fsspec's HTTP module, imported after the
+# worker's patches were installed (a dataset that makes its filesystem in the worker), are
+# patched at the first wait, for the worker's life as the others are
+LATE = [False]
+
+
+def _waited(sync: Any, loop: Any, func: Any, args: Any, kwargs: Any) -> Any:
+    if LATE[0]:
+        _late()
+    if not piped():
+        return sync(loop, func, *args, **kwargs)
+    frame, t0 = open_stage("fetch")
+    try:
+        return sync(loop, func, *args, **kwargs)
+    finally:
+        close_stage(frame, t0)
+
+
+def _late() -> None:
+    done = True
+    for patch in (AIO, HTTP):
+        done = (patch.installed() or patch.install()) and done
+    LATE[0] = not done
+
+
+def _sync(loop: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    return _waited(SYNC.orig["sync"], loop, func, args, kwargs)
+
+
+def _http_sync(loop: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """fsspec's HTTP module calls its own name for ``sync`` (a streamed file's request)."""
+    return _waited(HTTP.orig["sync"], loop, func, args, kwargs)
+
+
+async def _request(self: Any, method: str, url: Any, *args: Any, **kwargs: Any) -> Any:
+    if not piped():
+        return await AIO.orig["_request"](self, method, url, *args, **kwargs)
+    t0 = clock()
+    try:
+        return await AIO.orig["_request"](self, method, url, *args, **kwargs)
+    finally:
+        _count_at(_url_host(url), clock() - t0, None)
+
+
+async def _body(self: Any) -> bytes:
+    if not piped():
+        return await AIO.orig["read"](self)  # type: ignore[no-any-return]
+    t0 = clock()
+    out = b""
+    try:
+        out = await AIO.orig["read"](self)
+        return out  # type: ignore[no-any-return]
+    finally:
+        _count_at(_url_host(self.url), clock() - t0, len(out or b""))
+
+
+def _stream_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
+    """A streamed HTTP file's read (``HTTPStreamFile``): its body, read through
+    ``response.content``, counted here, on the thread that waits."""
+    if not piped():
+        return HTTP.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
+    frame, t0 = open_stage("fetch")
+    out = b""
+    try:
+        out = HTTP.orig["read"](self, *args, **kwargs)
+        return out  # type: ignore[no-any-return]
+    finally:
+        ns = close_stage(frame, t0)
+        _count_at(_url_host(self.url), ns, len(out or b""))
+
+
+def _fsspec_asyn() -> Any:
+    return sys.modules.get("fsspec.asyn")
+
+
+def _fsspec_http(name: str | None = None) -> Any:
+    module = sys.modules.get("fsspec.implementations.http")
+    return module if name is None or module is None else getattr(module, name, None)
+
+
+def _aiohttp(cls: str) -> Any:
+    module = sys.modules.get("aiohttp")
+    return None if module is None else getattr(module, cls, None)
 
 
 def _wds_pipe() -> Any:
@@ -153,9 +272,17 @@ def _wds_pipe() -> Any:
 
 def _count(obj: Any, ns: int, nbytes: int | None) -> None:
     """One request (``nbytes`` None: its latency) or body read, into this thread's sink."""
-    c0 = clock()
     try:
         host = _host(obj)
+    except Exception:  # counting must never break a read
+        return
+    _count_at(host, ns, nbytes)
+
+
+def _count_at(host: str, ns: int, nbytes: int | None) -> None:
+    """``_count`` for a request to ``host`` (``"host:port"``)."""
+    c0 = clock()
+    try:
         mine = counts(_rec.sink)
         found = mine.get("fetch")
         if found is None:
@@ -210,3 +337,16 @@ PATCH = ClassPatch(
 install, uninstall, installed = PATCH.install, PATCH.uninstall, PATCH.installed
 _ORIG = PATCH.orig
 PIPES = ClassPatch([(_wds_pipe, "read", _pipe_read)])
+# fsspec's async filesystems (NOTE [ fsspec's async filesystems ]): each install is False while
+# its module is not imported (aiohttp and fsspec's HTTP module: a worker patches them late, LATE)
+SYNC = ClassPatch([(_fsspec_asyn, "sync", _sync)])
+AIO = ClassPatch(
+    [
+        (functools.partial(_aiohttp, "ClientSession"), "_request", _request),
+        (functools.partial(_aiohttp, "ClientResponse"), "read", _body),
+    ]
+)
+HTTP = ClassPatch(
+    [(_fsspec_http, "sync", _http_sync),
+     (functools.partial(_fsspec_http, "HTTPStreamFile"), "read", _stream_read)]
+)  # fmt: skip

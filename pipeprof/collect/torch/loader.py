@@ -261,8 +261,10 @@ class _Delegate:
 _FETCHER: list[Any] = [None]  # torch's create_fetcher, once patched
 # The library reads timed where the pipeline runs, each installed in a worker for its life and in
 # the training process for a pass (NOTE [ Counted class patches ] in collect/patch.py): h5py's
-# reads, http.client's requests, WebDataset's shard streams, Hugging Face tokenizer calls
-READS = (hdf5.PATCH, netreads.PATCH, netreads.PIPES, tokenizer.PATCH)
+# reads, http.client's requests, WebDataset's shard streams, fsspec's async filesystems, Hugging
+# Face tokenizer calls
+READS = (hdf5.PATCH, netreads.PATCH, netreads.PIPES, netreads.SYNC, netreads.AIO, netreads.HTTP,
+         tokenizer.PATCH)  # fmt: skip
 
 
 def _install_fetcher() -> None:
@@ -625,6 +627,9 @@ class WorkerInit:
                 import h5py  # noqa: F401  (a spawned worker may not have imported it yet)
             except ImportError:
                 pass
+        if "fsspec" in sys.modules:  # NOTE [ fsspec's async filesystems ] in collect/fetch.py
+            import fsspec.asyn  # noqa: F401
+        netreads.LATE[0] = True
         for patch in READS:  # for the worker's life: the process is the profiled loader's own
             patch.install()
         if self.fn is not None:  # it sees the dataset's own transforms, not their stand-ins
@@ -679,6 +684,8 @@ def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, li
     per_sample = loader.batch_size is None and loader.batch_sampler is None
     kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample, swaps)
     base = probe_base() if kwargs.get("num_workers") else None  # measured here, once a process
+    if "fsspec" in sys.modules:  # once: forked workers inherit it (NOTE [ fsspec's async
+        import fsspec.asyn  # noqa: F401  (filesystems ] in collect/fetch.py)
     kwargs["worker_init_fn"] = WorkerInit(
         loader.worker_init_fn, "h5py" in sys.modules, nvtx, base, swaps, marks
     )
