@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
     at once.
 
     Every ``timing`` test is also ``serial``: the README's test command runs the tests that are
-    not two at a time (pytest-xdist), then the ``serial`` ones alone.
+    not three at a time (pytest-xdist), then the ``serial`` ones alone.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
     for item in items:
