@@ -136,25 +136,37 @@ def _pipe_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
     if getattr(_inside, "on", False) or not piped():
         return PIPES.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
     _inside.on = True
+    try:
+        return _timed_read(PIPES.orig["read"], self, args, kwargs, _count_pipe)
+    finally:
+        _inside.on = False
+
+
+def _timed_read(orig: Any, obj: Any, args: Any, kwargs: Any, count: Any) -> bytes:
+    """``orig(obj, *args, **kwargs)`` as the relative stage ``fetch``, then ``count(obj, ns,
+    bytes read)``, failed or not."""
     frame, t0 = open_stage("fetch")
     out = b""
     try:
-        out = PIPES.orig["read"](self, *args, **kwargs)
+        out = orig(obj, *args, **kwargs)
         return out  # type: ignore[no-any-return]
     finally:
-        _inside.on = False
-        ns = close_stage(frame, t0)
-        try:
-            first = self not in _HOSTS
-            if first:
-                _HOSTS[self] = _pipe_host(self)
-        except TypeError:  # not weakly referable: every read counts as a body's
-            first = False
-        if first:  # the stream's first bytes: its request's latency (the command's start too)
-            _count(self, ns, None)
-            _count(self, 0, len(out))
-        else:
-            _count(self, ns, len(out))
+        count(obj, close_stage(frame, t0), out)
+
+
+def _count_pipe(pipe: Any, ns: int, out: bytes) -> None:
+    """A shard stream's read: its first is its request's latency (the command's start too)."""
+    try:
+        first = pipe not in _HOSTS
+        if first:
+            _HOSTS[pipe] = _pipe_host(pipe)
+    except TypeError:  # not weakly referable: every read counts as a body's
+        first = False
+    if first:
+        _count(pipe, ns, None)
+        _count(pipe, 0, len(out))
+    else:
+        _count(pipe, ns, len(out))
 
 
 def _pipe_host(pipe: Any) -> str:
@@ -241,14 +253,11 @@ def _stream_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
     ``response.content``, counted here, on the thread that waits."""
     if not piped():
         return HTTP.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
-    frame, t0 = open_stage("fetch")
-    out = b""
-    try:
-        out = HTTP.orig["read"](self, *args, **kwargs)
-        return out  # type: ignore[no-any-return]
-    finally:
-        ns = close_stage(frame, t0)
-        _count_at(_url_host(self.url), ns, len(out or b""))
+    return _timed_read(HTTP.orig["read"], self, args, kwargs, _count_url)
+
+
+def _count_url(f: Any, ns: int, out: bytes) -> None:
+    _count_at(_url_host(f.url), ns, len(out or b""))
 
 
 def _fsspec_asyn() -> Any:
