@@ -18,6 +18,12 @@ from torch.utils.data import Dataset
 
 BODY = 64 * 1024  # bytes a response
 SERVED: collections.Counter[str] = collections.Counter()  # requests answered, by method
+_SERVED_LOCK = threading.Lock()  # the server answers each request on a thread of its own
+
+
+def _served(method: str) -> None:
+    with _SERVED_LOCK:
+        SERVED[method] += 1
 LATENCY_S = 0.02  # the server's wait before it answers
 
 
@@ -64,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
     counted in SERVED."""
 
     def do_HEAD(self) -> None:  # fsspec asks a file's size first
-        SERVED["HEAD"] += 1
+        _served("HEAD")
         time.sleep(LATENCY_S)
         self.send_response(200)
         if self.path.startswith("/rows-"):
@@ -74,7 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
-        SERVED["GET"] += 1
+        _served("GET")
         if self.path.startswith("/rows-"):  # /rows-<i>.jsonl: LATENCY_S, then its rows (a range)
             time.sleep(LATENCY_S)
             body = rows(int(self.path[len("/rows-") : -len(".jsonl")]))
