@@ -30,3 +30,20 @@ if [ "${1:-}" = "test" ]; then
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   fi
 fi
+
+# A .pyc that pip wrote short (a disk that filled for a moment) fails every import of its module
+# from then on, and nothing rewrites it here (PYTHONDONTWRITEBYTECODE): once after each change
+# to what is installed, import what the suite drives, rebuilding any .pyc that cannot be read.
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+key="${1:-dev} $(ls -d "$site"/*.dist-info | md5sum | cut -c1-32)"
+if [ "$(cat .venv/.imports-checked 2>/dev/null)" != "$key" ]; then
+  mods=(torchvision torch rich psutil)
+  [ "${1:-}" = "test" ] && mods+=(lightning transformers transformers.trainer accelerate
+    tensorflow keras datasets torchdata h5py boto3 moto.server webdataset fsspec aiohttp
+    nbclient ipykernel)
+  log=$(mktemp)
+  TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python dev/check_imports.py "${mods[@]}" 2>"$log" \
+    || { cat "$log"; echo "setup failed"; exit 1; }
+  rm -f "$log"
+  echo "$key" > .venv/.imports-checked
+fi
