@@ -6,10 +6,14 @@ each sample's 64 kB body in a request of its own, then works 5 ms; 2 forked work
 of 8, ``--samples`` samples; one pass profiled (``Profiler.wrap``, the loader alone). Its
 ``dominant-stage`` finding says what objects of a batch's samples would give (NOTE [ Objects
 that hold a batch ] in pipeprof/analyze/fetch.py); ``Batched`` is the fix followed: the same
-samples, a batch's in one request (``__getitems__``). Both are run plain for their steady rate
-(after the first batch). Medians over ``--rounds``.
+samples, a batch's in one request (``__getitems__``). With ``--per-request K`` other than a
+batch's 8, the promise is the report's ``what_if`` row for objects of K samples, and the fix
+followed is ``Objects``: the same samples as objects of K, one request each, each worker
+streaming its own (shards of K samples). Both are run plain for their steady rate (after the
+first batch). Medians over ``--rounds``.
 
     .venv/bin/python benchmarks/fetch_batched.py --rounds 3   # ~1 minute
+    .venv/bin/python benchmarks/fetch_batched.py --rounds 3 --per-request 32
 """
 
 from __future__ import annotations
@@ -25,21 +29,26 @@ from torch.utils.data import DataLoader
 import pipeprof
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from netdata import Batched, Remote, server
+from netdata import Batched, Objects, Remote, server
 
 
 def loader(dataset) -> DataLoader:  # type: ignore[no-untyped-def,type-arg]
     return DataLoader(dataset, batch_size=8, num_workers=2, multiprocessing_context="fork")
 
 
-def promised(dataset) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    """The ``dominant-stage`` finding's evidence, from one profiled pass."""
+def promised(dataset, k: int) -> float:  # type: ignore[no-untyped-def]
+    """What one profiled pass promises with objects of ``k`` samples a request: the
+    ``dominant-stage`` finding's (a batch's ``k``) and the ``what_if`` row's, which agree."""
     prof = pipeprof.Profiler(sample_hz=0)
     with prof:
         for _batch in prof.wrap(loader(dataset)):
             pass
-    (found,) = [f for f in prof.report().to_dict()["findings"] if f["id"] == "dominant-stage"]
-    return found["evidence"]  # type: ignore[no-any-return]
+    data = prof.report().to_dict()
+    (found,) = [f for f in data["findings"] if f["id"] == "dominant-stage"]
+    (row,) = [w for w in data["what_if"] if w.get("samples_per_request") == k]
+    if k == 8:
+        assert row["samples_per_s"] == found["evidence"]["samples_per_s_batched"]
+    return row["samples_per_s"]  # type: ignore[no-any-return]
 
 
 def steady(dataset) -> float:  # type: ignore[no-untyped-def]
@@ -52,18 +61,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--per-request", type=int, default=8, choices=(8, 32, 128),
+                   help="samples an object holds in the fix followed (8: a batch's)")
     args = p.parse_args()
     got: dict[str, list[float]] = {"now": [], "promised": [], "followed": []}
     with server() as url:
         for _ in range(args.rounds):
-            ev = promised(Remote(url, args.samples))
-            got["promised"].append(ev["samples_per_s_batched"])
+            k = args.per_request
+            got["promised"].append(promised(Remote(url, args.samples), k))
             got["now"].append(steady(Remote(url, args.samples)))
-            got["followed"].append(steady(Batched(url, args.samples)))
+            fix = Batched(url, args.samples) if k == 8 else Objects(url, args.samples, k)
+            got["followed"].append(steady(fix))
             print({k: round(v[-1], 1) for k, v in got.items()}, flush=True)
     med = {k: statistics.median(v) for k, v in got.items()}
-    print(f"one request a sample: {med['now']:.1f} samples/s plain; the what-if with a batch's 8 "
-          f"samples a request: {med['promised']:.1f}; followed: {med['followed']:.1f} "
+    print(f"one request a sample: {med['now']:.1f} samples/s plain; the what-if with "
+          f"{args.per_request} samples a request: {med['promised']:.1f}; followed: "
+          f"{med['followed']:.1f} "
           f"(the what-if {med['promised'] / med['followed'] - 1:+.1%})")
 
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import fsspec  # as a dataset's module that streams through it would
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 BODY = 64 * 1024  # bytes a response
 SERVED: collections.Counter[str] = collections.Counter()  # requests answered, by method
@@ -253,6 +253,29 @@ class Batched(Remote):
             time.sleep(self.work_s)
             out.append(torch.tensor([len(body), body[0]]))
         return out
+
+
+class Objects(IterableDataset):  # type: ignore[type-arg]
+    """``Remote``'s ``n`` samples as objects of ``k`` samples each, one request an object (the
+    what-if's "objects of k samples a request": shards of that size); each worker streams its
+    own objects (``i % workers``), then ``work_s`` a sample."""
+
+    def __init__(self, url: str, n: int, k: int, work_s: float = 0.005) -> None:
+        self.url, self.n, self.k, self.work_s = url, n, k, work_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        me, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for first in range(me * self.k, self.n, workers * self.k):
+            k = min(self.k, self.n - first)
+            data = _get(f"{self.url}many/{first}/{k}")
+            for j in range(k):
+                body = data[j * BODY : (j + 1) * BODY]
+                time.sleep(self.work_s)
+                yield torch.tensor([len(body), body[0]])
 
 
 class Cached(Remote):

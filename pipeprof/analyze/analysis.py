@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeprof.analyze.accounting import accounting
-from pipeprof.analyze.fetch import fetch_section
+from pipeprof.analyze.fetch import fetch_section, object_rows
 from pipeprof.analyze.finding import Finding, Verdict, pipeline_facts
 from pipeprof.analyze.hdf5 import h5_section
 from pipeprof.analyze.loop import loop_section, timeline
@@ -95,10 +95,11 @@ def _meta(session: Session) -> dict[str, Any]:
 
 def what_if(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
     """Throughput at other worker counts, the ceiling, the workers that feed the measured
-    compute, the limiting stage 2× faster or cached: the model of analyze/whatif.py (estimates)."""
+    compute, the limiting stage 2× faster or cached, larger objects for a latency-bound fetch:
+    the model of analyze/whatif.py (estimates)."""
     if report.get("framework") == "tf":  # tf.data runs in threads: worker counts do not apply
         return []
-    return report_what_if(report, facts)
+    return report_what_if(report, facts) + object_rows(report, facts)
 
 
 def assess(report: dict[str, Any]) -> tuple[Verdict, list[Finding], list[dict[str, Any]]]:

@@ -120,6 +120,37 @@ def per_request_rate(report: dict[str, Any], facts: dict[str, Any], k: int
     return throughput(model, n), throughput(faster(model, {p: 1 / scale for p in paths}), n)
 
 
+# What the what-if list says of larger objects: the loader's rate at the workers there are with
+# OBJECT_BATCHES batches' samples a request, where the requests' wait for their first byte takes
+# LATENCY_BOUND of the fetch or more (the fix that says "fetch larger objects": rules.fetch_fix).
+OBJECT_BATCHES = (1, 4, 16)
+LATENCY_BOUND = 0.5
+
+
+def object_rows(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``what_if`` rows of kind ``objects``: the loader alone with objects of ``k`` samples
+    a request (a batch's, 4 batches', 16 batches': shards of that size), at the workers there
+    are (NOTE [ Objects that hold a batch ]); none where the fetch is not latency-bound."""
+    latency, total, requests = fetch_totals(report.get("fetch") or [])
+    samples, batches = timed_samples(report), report.get("batches") or 0
+    if not total or not requests or latency < LATENCY_BOUND * total or not batches:
+        return []
+    size = max(1, round((report.get("samples") or 0) / batches))
+    now = round(samples / requests, 3)
+    out: list[dict[str, Any]] = []
+    for k in sorted({size * m for m in OBJECT_BATCHES}):
+        rates = per_request_rate(report, facts, k)
+        if rates is not None:
+            out.append({"kind": "objects", "samples_per_request": k,
+                        "workers": int(facts["n_workers"]),
+                        "samples_per_s": round(rates[1], 1),
+                        "now_samples_per_s": round(rates[0], 1), "now_samples_per_request": now,
+                        "basis": f"the requests' wait for their first byte ({latency / total:.0%} "
+                        "of the fetch) shared by the samples a request brings, the bodies' "
+                        "reading as measured"})  # fmt: skip
+    return out
+
+
 # NOTE [ A cache for later epochs ]
 # A loader that fetches its samples over the network fetches them again every epoch. Where a
 # profile saw two full passes or more, and the fetch (every ``*/fetch`` stage) is CACHE_SHARE of

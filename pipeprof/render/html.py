@@ -186,6 +186,25 @@ def what_if_table(data: dict[str, Any]) -> str:
     )
 
 
+def objects_table(data: dict[str, Any]) -> str:
+    """The loader with larger objects a request (``what_if`` rows of kind ``objects``)."""
+    rows = [w for w in data.get("what_if") or [] if w.get("kind") == "objects"]
+    if not rows:
+        return ""
+    now = (f"<tr><td>{num(rows[0]['now_samples_per_request'])} (now)</td>"
+           f"<td>{num(rows[0]['now_samples_per_s'])}</td><td>measured stage times</td></tr>")
+    body = "".join(
+        f"<tr><td>{w['samples_per_request']}</td><td>{num(w['samples_per_s'])}</td>"
+        f"<td>{escape(str(w.get('basis', '')))}</td></tr>"
+        for w in rows
+    )
+    return (
+        f"<h2>What if larger objects (estimated, {rows[0]['workers']} workers)</h2><table><tr>"
+        f"<th>samples a request</th><th>loader samples/s</th><th>basis</th></tr>{now}{body}"
+        "</table>"
+    )
+
+
 def _describe(data: dict[str, Any]) -> str:
     meta = data.get("meta") or {}
     bits = [f"{data.get('mode')} mode", str(data.get("framework"))]
@@ -269,7 +288,8 @@ def body(data: dict[str, Any]) -> str:
         note = f'<p class="dim">busiest worker {ratio:.2f}× the mean</p>' if ratio else ""
         shares = charts.sample_shares(data.get("accounting"))
         parts.append(f"<h2>Workers</h2>{charts.worker_bars(data['workers'])}{note}{shares}")
-    parts.append(f"<h2>Findings</h2>{finding_blocks(data)}{what_if_table(data)}")
+    parts.append(f"<h2>Findings</h2>{finding_blocks(data)}{what_if_table(data)}"
+                 f"{objects_table(data)}")
     notes = " ".join(escape(str(n)) for n in data.get("notes") or [])
     parts.append(f'<p class="dim overhead">{escape(overhead_line(data))}. {notes}</p>')
     return f'<div class="pipeprof">{"".join(parts)}</div>'

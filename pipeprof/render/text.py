@@ -377,6 +377,22 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
     )
 
 
+def objects_line(data: dict[str, Any]) -> RenderableType | None:
+    """The loader with larger objects a request, where its fetch is latency-bound (``what_if``
+    rows of kind ``objects``: docs/streaming.md)."""
+    rows = [w for w in data.get("what_if") or [] if w.get("kind") == "objects"]
+    if not rows:
+        return None
+    first = rows[0]
+    parts = ", ".join(f"{w['samples_per_request']} → {num(w['samples_per_s'])}" for w in rows)
+    return Text(
+        f"what if (samples a request → the loader's samples/s, {first['workers']} workers, "
+        f"estimated): now {num(first['now_samples_per_request'])} → "
+        f"{num(first['now_samples_per_s'])}, {parts}",
+        style="dim",
+    )
+
+
 def footer(data: dict[str, Any]) -> RenderableType:
     lines = [overhead_line(data)]
     lines += [f"note: {n}" for n in data.get("notes") or []]
@@ -401,6 +417,7 @@ def parts(data: dict[str, Any]) -> Iterator[RenderableType]:
         utilisation(data),
         finding_list(data),
         what_if_line(data),
+        objects_line(data),
     ]
     for section in sections:
         if section is not None:
