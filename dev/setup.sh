@@ -39,7 +39,7 @@ key="${1:-dev} $(ls -d "$site"/*.dist-info | md5sum | cut -c1-32)"
 if [ "$(cat .venv/.imports-checked 2>/dev/null)" != "$key" ]; then
   mods=(torchvision torch rich psutil)
   [ "${1:-}" = "test" ] && mods+=(lightning transformers transformers.trainer accelerate
-    tensorflow keras datasets torchdata h5py boto3 moto.server webdataset fsspec aiohttp
+    tensorflow keras datasets torchdata h5py boto3 moto.server s3fs webdataset fsspec aiohttp
     nbclient ipykernel)
   log=$(mktemp)
   TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python dev/check_imports.py "${mods[@]}" 2>"$log" \

@@ -13,6 +13,7 @@ from netdata import (
     SERVED,
     Local,
     Remote,
+    S3fsObjects,
     S3Objects,
     rows,
     s3_server,
@@ -92,6 +93,22 @@ def test_s3_reads_with_boto3_are_the_fetch_stage(workers):
     (row,) = d["fetch"]
     assert row["host"] == url.removeprefix("http://")
     assert row["requests"] == N and row["bytes"] == N * BODY
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_s3_reads_through_s3fs_are_the_fetch_stage(workers, context):
+    """s3fs's ``cat_file`` (aiobotocore over aiohttp, on fsspec's IO thread) against the same
+    server: a HEAD and a GET an object, each counted with its latency, and every body's bytes
+    once (read from the response's stream, not through ``ClientResponse.read``); the wait is
+    ``load/fetch``, the 5 ms after it is not."""
+    with s3_server(N) as url:
+        report = _profile(S3fsObjects(url, N), workers, context)
+    d = report.to_dict()
+    fetch, load = d["stages"]["load/fetch"], d["stages"]["load"]
+    assert 2 * LATENCY_S * 1e3 <= fetch["per_sample_ms"] <= load["per_sample_ms"] - 4
+    (row,) = d["fetch"]
+    assert row["host"] == url.removeprefix("http://")
+    assert row["requests"] == 2 * N and row["bytes"] == N * BODY
 
 
 def test_a_read_through_readinto_counts_its_bytes_once(monkeypatch):

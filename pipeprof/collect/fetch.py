@@ -49,14 +49,17 @@ over ``aiohttp``, while the thread that asked waits in ``fsspec.asyn.sync``:
    thread is open. No stage is opened there: its requests interleave;
 6. a streamed HTTP file's ``read`` (``HTTPStreamFile``, ``block_size=0``: its body comes
    through ``response.content``) is counted on the thread that waits in it.
+7. an S3 object's body through aiobotocore (s3fs: ``AioStreamingBody.read``, which reads
+   ``response.content``) is counted as 5's are.
 A body another client streams through ``response.content`` is in the fetch's time, not counted
 as a read.
 
 Each is patched where its module is imported when the patches are installed: in the training
 process at each pass; in a worker at its start, where ``fsspec`` is imported (its ``asyn``
-module is imported then, once), and aiohttp's and the HTTP module's at the worker's first wait
-in ``fsspec.asyn.sync`` if they were imported after (a filesystem made in the worker; a request
-it made before that wait, through the HTTP module's own ``sync``, is not timed).
+module is imported then, once), and aiohttp's, aiobotocore's and the HTTP module's at the
+worker's first wait in ``fsspec.asyn.sync`` if they were imported after (a filesystem made in
+the worker; a request it made before that wait, through the HTTP module's own ``sync``, is not
+timed).
 
 Not covered: ``aiohttp`` used directly (no fsspec), ``httpx``, gRPC. Their time stays in the
 stage that calls them.
@@ -212,7 +215,7 @@ def _waited(sync: Any, loop: Any, func: Any, args: Any, kwargs: Any) -> Any:
 
 def _late() -> None:
     done = True
-    for patch in (AIO, HTTP):
+    for patch in (AIO, HTTP, BOTO):
         done = (patch.installed() or patch.install()) and done
     LATE[0] = not done
 
@@ -248,6 +251,20 @@ async def _body(self: Any) -> bytes:
         _count_at(_url_host(self.url), clock() - t0, len(out or b""))
 
 
+async def _s3_body(self: Any, *args: Any, **kwargs: Any) -> bytes:
+    """An S3 object's body through aiobotocore (s3fs): read from ``response.content``, not
+    through ``ClientResponse.read``, so counted here (NOTE [ fsspec's async filesystems ], 7)."""
+    if not piped():
+        return await BOTO.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
+    t0 = clock()
+    out = b""
+    try:
+        out = await BOTO.orig["read"](self, *args, **kwargs)
+        return out  # type: ignore[no-any-return]
+    finally:
+        _count_at(_url_host(self._raw_stream.url), clock() - t0, len(out or b""))
+
+
 def _stream_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
     """A streamed HTTP file's read (``HTTPStreamFile``): its body, read through
     ``response.content``, counted here, on the thread that waits."""
@@ -272,6 +289,11 @@ def _fsspec_http(name: str | None = None) -> Any:
 def _aiohttp(cls: str) -> Any:
     module = sys.modules.get("aiohttp")
     return None if module is None else getattr(module, cls, None)
+
+
+def _aiobotocore_body() -> Any:
+    module = sys.modules.get("aiobotocore.response")
+    return None if module is None else getattr(module, "AioStreamingBody", None)
 
 
 def _wds_pipe() -> Any:
@@ -359,3 +381,4 @@ HTTP = ClassPatch(
     [(_fsspec_http, "sync", _http_sync),
      (functools.partial(_fsspec_http, "HTTPStreamFile"), "read", _stream_read)]
 )  # fmt: skip
+BOTO = ClassPatch([(_aiobotocore_body, "read", _s3_body)])

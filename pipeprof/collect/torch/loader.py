@@ -261,10 +261,10 @@ class _Delegate:
 _FETCHER: list[Any] = [None]  # torch's create_fetcher, once patched
 # The library reads timed where the pipeline runs, each installed in a worker for its life and in
 # the training process for a pass (NOTE [ Counted class patches ] in collect/patch.py): h5py's
-# reads, http.client's requests, WebDataset's shard streams, fsspec's async filesystems, Hugging
-# Face tokenizer calls
+# reads, http.client's requests, WebDataset's shard streams, fsspec's async filesystems (s3fs's
+# bodies through aiobotocore among them), Hugging Face tokenizer calls
 READS = (hdf5.PATCH, netreads.PATCH, netreads.PIPES, netreads.SYNC, netreads.AIO, netreads.HTTP,
-         tokenizer.PATCH)  # fmt: skip
+         netreads.BOTO, tokenizer.PATCH)  # fmt: skip
 
 
 def _install_fetcher() -> None:
