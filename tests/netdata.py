@@ -271,6 +271,26 @@ class Batched(Remote):
         return out
 
 
+class Pooled(Remote):
+    """``Remote``'s samples, a batch's fetched by a pool of ``flying`` threads (``__getitems__``:
+    that many requests in flight a worker), then ``work_s`` a sample."""
+
+    def __init__(self, url: str, n: int, flying: int, work_s: float = 0.005) -> None:
+        super().__init__(url, n, "urllib", work_s)
+        self.flying = flying
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.flying) as pool:
+            bodies = list(pool.map(_get, [self.url + str(i) for i in indices]))
+        out = []
+        for body in bodies:
+            time.sleep(self.work_s)
+            out.append(torch.tensor([len(body), body[0]]))
+        return out
+
+
 class Objects(IterableDataset):  # type: ignore[type-arg]
     """``Remote``'s ``n`` samples as objects of ``k`` samples each, one request an object (the
     what-if's "objects of k samples a request": shards of that size); each worker streams its

@@ -95,6 +95,9 @@ def timed_samples(report: dict[str, Any]) -> float:
 # worker-pool model (analyze/whatif.py). It assumes a request's wait does not grow with its
 # body (a first byte: true of the local test server and of object stores, whose time to first
 # byte is per request) and that no more requests are made than now for the same samples.
+# In-flight: ``n`` requests in flight in each worker (a thread pool over a batch's samples) wait
+# for their first bytes together, so a sample keeps ``1 / n`` of its requests' wait; the same
+# scaling of the stage, the bodies' reading kept (the server answers requests in parallel).
 
 
 def per_request_rate(report: dict[str, Any], facts: dict[str, Any], k: int
@@ -102,16 +105,30 @@ def per_request_rate(report: dict[str, Any], facts: dict[str, Any], k: int
     """The loader's rate now and with objects of ``k`` samples a request (NOTE [ Objects that
     hold a batch ]), at the workers there are; None where the model or the rows are missing,
     or the requests already bring ``k`` samples or more each."""
+    _, _, requests = fetch_totals(report.get("fetch") or [])
+    samples = timed_samples(report)
+    if not requests or not samples or k < 1 or requests / samples <= 1 / k:
+        return None
+    return _latency_shared(report, facts, (1 / k) / (requests / samples))
+
+
+def in_flight_rate(report: dict[str, Any], facts: dict[str, Any], n: int
+                   ) -> tuple[float, float] | None:  # fmt: skip
+    """The loader's rate now and with ``n`` requests in flight in each worker (a thread pool
+    over a batch's samples in ``__getitems__``): the requests' wait overlaps ``n`` at a time,
+    the bodies' reading stays as measured (NOTE [ Objects that hold a batch ], in-flight)."""
+    return _latency_shared(report, facts, 1 / n) if n > 1 else None
+
+
+def _latency_shared(report: dict[str, Any], facts: dict[str, Any], keep: float
+                    ) -> tuple[float, float] | None:  # fmt: skip
+    """The loader's rate now and with ``keep`` of the requests' wait left to each sample."""
     stages = report.get("stages") or {}
     latency, total, requests = fetch_totals(report.get("fetch") or [])
-    samples = timed_samples(report)
     model = from_report(report, int(facts["cores"]))
-    if model is None or not total or not requests or not samples or k < 1:
+    if model is None or not total or not requests:
         return None
-    per_sample = requests / samples
-    if per_sample <= 1 / k:
-        return None
-    scale = latency / total * (1 / k) / per_sample + (1 - latency / total)
+    scale = latency / total * keep + (1 - latency / total)
     known = {st.path for st in model.stages}
     paths = [p for p in stages if p.endswith("/fetch") and p in known]
     if not paths or scale >= 1:
@@ -124,13 +141,16 @@ def per_request_rate(report: dict[str, Any], facts: dict[str, Any], k: int
 # OBJECT_BATCHES batches' samples a request, where the requests' wait for their first byte takes
 # LATENCY_BOUND of the fetch or more (the fix that says "fetch larger objects": rules.fetch_fix).
 OBJECT_BATCHES = (1, 4, 16)
+IN_FLIGHT = (2, 4, 8)  # requests in flight a worker, at most a batch's samples
 LATENCY_BOUND = 0.5
 
 
 def object_rows(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str, Any]]:
     """The ``what_if`` rows of kind ``objects``: the loader alone with objects of ``k`` samples
-    a request (a batch's, 4 batches', 16 batches': shards of that size), at the workers there
-    are (NOTE [ Objects that hold a batch ]); none where the fetch is not latency-bound."""
+    a request (a batch's, 4 batches', 16 batches': shards of that size), and of kind
+    ``in_flight``: with ``n`` requests in flight a worker (where each sample is a request now),
+    at the workers there are (NOTE [ Objects that hold a batch ]); none where the fetch is not
+    latency-bound."""
     latency, total, requests = fetch_totals(report.get("fetch") or [])
     samples, batches = timed_samples(report), report.get("batches") or 0
     if not total or not requests or latency < LATENCY_BOUND * total or not batches:
@@ -148,6 +168,16 @@ def object_rows(report: dict[str, Any], facts: dict[str, Any]) -> list[dict[str,
                         "basis": f"the requests' wait for their first byte ({latency / total:.0%} "
                         "of the fetch) shared by the samples a request brings, the bodies' "
                         "reading as measured"})  # fmt: skip
+    for m in sorted({min(k, size) for k in IN_FLIGHT}):
+        rates = in_flight_rate(report, facts, m)
+        if rates is not None and now <= 1:
+            out.append({"kind": "in_flight", "requests_in_flight": m,
+                        "workers": int(facts["n_workers"]),
+                        "samples_per_s": round(rates[1], 1),
+                        "now_samples_per_s": round(rates[0], 1),
+                        "basis": f"{m} requests a worker waiting for their first byte together "
+                        f"({latency / total:.0%} of the fetch), the bodies' reading as "
+                        "measured"})  # fmt: skip
     return out
 
 

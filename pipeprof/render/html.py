@@ -187,21 +187,27 @@ def what_if_table(data: dict[str, Any]) -> str:
 
 
 def objects_table(data: dict[str, Any]) -> str:
-    """The loader with larger objects a request (``what_if`` rows of kind ``objects``)."""
+    """The loader with larger objects a request, or more requests in flight (``what_if`` rows of
+    kinds ``objects`` and ``in_flight``)."""
     rows = [w for w in data.get("what_if") or [] if w.get("kind") == "objects"]
     if not rows:
         return ""
-    now = (f"<tr><td>{num(rows[0]['now_samples_per_request'])} (now)</td>"
+    now = (f"<tr><td>{rows[0]['now_samples_per_request']:g} (now)</td>"
            f"<td>{num(rows[0]['now_samples_per_s'])}</td><td>measured stage times</td></tr>")
     body = "".join(
         f"<tr><td>{w['samples_per_request']}</td><td>{num(w['samples_per_s'])}</td>"
         f"<td>{escape(str(w.get('basis', '')))}</td></tr>"
         for w in rows
     )
+    flying = "".join(
+        f"<tr><td>1, {w['requests_in_flight']} in flight a worker</td>"
+        f"<td>{num(w['samples_per_s'])}</td><td>{escape(str(w.get('basis', '')))}</td></tr>"
+        for w in data.get("what_if") or [] if w.get("kind") == "in_flight"
+    )  # fmt: skip
     return (
         f"<h2>What if larger objects (estimated, {rows[0]['workers']} workers)</h2><table><tr>"
         f"<th>samples a request</th><th>loader samples/s</th><th>basis</th></tr>{now}{body}"
-        "</table>"
+        f"{flying}</table>"
     )
 
 

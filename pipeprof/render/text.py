@@ -378,19 +378,24 @@ def what_if_line(data: dict[str, Any]) -> RenderableType | None:
 
 
 def objects_line(data: dict[str, Any]) -> RenderableType | None:
-    """The loader with larger objects a request, where its fetch is latency-bound (``what_if``
-    rows of kind ``objects``: docs/streaming.md)."""
+    """The loader with larger objects a request, or more requests in flight, where its fetch is
+    latency-bound (``what_if`` rows of kinds ``objects`` and ``in_flight``: docs/streaming.md)."""
     rows = [w for w in data.get("what_if") or [] if w.get("kind") == "objects"]
     if not rows:
         return None
     first = rows[0]
     parts = ", ".join(f"{w['samples_per_request']} → {num(w['samples_per_s'])}" for w in rows)
-    return Text(
+    said = (
         f"what if (samples a request → the loader's samples/s, {first['workers']} workers, "
-        f"estimated): now {num(first['now_samples_per_request'])} → "
-        f"{num(first['now_samples_per_s'])}, {parts}",
-        style="dim",
+        f"estimated): now {first['now_samples_per_request']:g} → "
+        f"{num(first['now_samples_per_s'])}, {parts}"
     )
+    flying = [w for w in data.get("what_if") or [] if w.get("kind") == "in_flight"]
+    if flying:
+        said += "; requests in flight a worker (a thread pool in __getitems__): " + ", ".join(
+            f"{w['requests_in_flight']} → {num(w['samples_per_s'])}" for w in flying
+        )
+    return Text(said, style="dim")
 
 
 def footer(data: dict[str, Any]) -> RenderableType:
