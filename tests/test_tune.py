@@ -264,12 +264,14 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
     for data ~85 % of the time, and more workers overlap the latency. Under spawn, the script
     also fails with 2 workers (as if out of memory): that trial is recorded, never fatal."""
     crash = ("--crash-workers", "2") if context == "spawn" else ()
-    # spawn's trials start slower (each worker imports torch): one round, worker counts only
+    # spawn's trials start slower (each worker imports torch): one round, worker counts only,
+    # and a 12 ms step, which 3-4 workers feed (the 4 ms step's 7 took the test 57 s, this 34 s)
     fewer = () if context == "fork" else ("--no-ladder", "--knobs", "num_workers")
+    step = "4" if context == "fork" else "12"
     res, data = _tune(tmp_path, "--apply", "--batches", "25", "--budget", "5m", "--rounds",
                       "2" if context == "fork" else "1", *fewer,
                       "--try", "num_workers=2,prefetch_factor=3",
-                      script_args=("--samples", "512", "--load-ms", "4", "--step-ms", "4",
+                      script_args=("--samples", "512", "--load-ms", "4", "--step-ms", step,
                                    "--context", context, *crash))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert data["schema"] == "pipeprof-tune/1"
