@@ -468,6 +468,48 @@ def test_torchdatas_stateful_loader_is_profiled_and_resumes_as_plain(tmp_path):
     assert report["meta"]["loader"] == "StatefulDataLoader"
 
 
+PERSISTENT = """
+import sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Noisy(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):  # a random augmentation, drawn in the worker
+        return torch.tensor(float(i)) + torch.rand(())
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    own = sys.argv[1] == "own"  # the loader's own generator, else torch's global one
+    loader = DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+                        generator=torch.Generator().manual_seed(0) if own else None)
+    for epoch in range(3):
+        print([[round(x, 4) for x in b.tolist()] for b in loader])
+    print(torch.rand(2).tolist())  # the global random stream after the loop
+"""
+
+
+@pytest.mark.parametrize("generator", ["own", "global"])
+def test_epochs_after_the_profile_go_on_with_the_same_persistent_workers(tmp_path, generator):
+    """``pipeprof run --batches 3``: the profile ends in the first of 3 epochs, and a loader with
+    persistent workers goes on with the workers it started (NOTE [ Persistent workers past the
+    profile ] in pipeprof/attach/patches.py): the same orders, the same augmentations drawn in
+    the workers, the same random stream after the loop as plain. Its own fresh workers drew a
+    new base seed: every later epoch differed."""
+    (tmp_path / "s.py").write_text(PERSISTENT)
+    plain = run(tmp_path, sys.executable, "s.py", generator)
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "--batches", "3", "-o",
+              "r.json", "s.py", generator)  # fmt: skip
+    assert plain.returncode == ran.returncode == 0, ran.stderr
+    assert ran.stdout == plain.stdout and len(plain.stdout.splitlines()) == 4
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["batches"] == 3 and "the script ran on unprofiled" in " ".join(report["notes"])
+
+
 LEFT_OPEN = """
 import torch
 from torch.utils.data import DataLoader

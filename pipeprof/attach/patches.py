@@ -20,6 +20,16 @@ ends. One function per framework:
 
 A patch reads the run through the public names of the ``Run`` protocol below (``local``,
 ``profiled_pass``, ``loaders``, ``samplers``, ``comm_clock``...).
+
+NOTE [ Persistent workers past the profile ]
+Once profiling stops (``--batches`` reached) the script runs on unprofiled: a loader's later
+passes are its own. A loader with persistent workers is the exception: plain, its later epochs
+go on with the workers it started (``_reset``: no new ``_base_seed`` drawn from its generator or
+torch's, and the workers' own random state goes on); its own fresh iterator would draw one,
+and every order and augmentation after it would differ from plain's. So its later passes go on
+with its twin's persistent workers (kept by ``Run.stop_profiling``), their batches taken out of
+their carriers and nothing booked (``unwrapped``; its workers still pack their records, a few
+µs a batch). Such a pass is a generator, as a profiled pass with persistent workers is.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ class Run(Protocol):
     samplers: Any  # the host's and NVML's (attach/run.py's RunSamplers)
 
     def profiled_pass(self, loader: Any) -> Any: ...
+    def kept_workers(self, loader: Any) -> Any: ...
     def comm_clock(self) -> Any: ...
     def comm_timer(self) -> Any: ...
     def end_of_job(self, why: str | None) -> None: ...
@@ -134,7 +145,7 @@ def patch_torch(run: Run) -> None:
 
     from pipeprof.collect.torch import resume
     from pipeprof.collect.torch.epochs import note_snapshot
-    from pipeprof.collect.torch.loader import Collate
+    from pipeprof.collect.torch.loader import Collate, unwrapped
 
     if run.sample_hz:  # the host sampler's modules load with torch's, not in the first
         _load_samplers()  # pass's iter() (the loop's time): 5-25 ms
@@ -149,12 +160,14 @@ def patch_torch(run: Run) -> None:
         @functools.wraps(orig)
         def __iter__(loader: Any) -> Any:
             if (
-                run.stopped
-                or run.local.inside
+                run.local.inside
                 or os.getpid() != run.pid  # a process the script forked
                 or isinstance(loader.collate_fn, Collate)  # a twin, iterated by a Profiler
             ):
                 return orig(loader)
+            if run.stopped:  # NOTE [ Persistent workers past the profile ]
+                kept = run.kept_workers(loader)
+                return orig(loader) if kept is None else unwrapped(kept)
             if subclass and weakable(loader) and loader not in run.loaders.sites:
                 run.loaders.remember_site(loader)  # its __init__ may not be DataLoader's
             if stateful:

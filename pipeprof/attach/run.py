@@ -51,6 +51,7 @@ import runpy
 import signal
 import sys
 import threading
+import weakref
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,6 +236,9 @@ class Run:
         self.step = StepRegions(self._timer)
         self.profiled = 0  # batches profiled so far
         self.stopped = False  # profiling over (--batches reached, or the script ended)
+        # NOTE [ Persistent workers past the profile ] in attach/patches.py: each loader's twin
+        # whose persistent workers its later passes go on with once profiling stopped
+        self.kept: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self.notes: list[str] = []
         self.maps: list[dict[str, Any]] = []  # Hugging Face ``Dataset.map`` calls (patch_datasets)
         self.local = Inside()  # attach/passes.py
@@ -540,7 +544,23 @@ class Run:
         self.samplers.stop()
         for entry in self.loaders.values():
             if entry.prof is not None:
+                self._keep_workers(entry.prof.loaders)
                 entry.prof.stop()
+
+    def _keep_workers(self, twins: list[Any]) -> None:
+        """NOTE [ Persistent workers past the profile ] in attach/patches.py."""
+        for twin in twins:
+            kept = getattr(twin, "loader", None)
+            if getattr(kept, "persistent_workers", False) and getattr(kept, "_iterator", None):
+                self.kept[twin.user_loader] = kept
+
+    def kept_workers(self, loader: Any) -> Any:
+        """The twin DataLoader whose persistent workers ``loader``'s passes go on with now that
+        profiling stopped, or None."""
+        try:
+            return self.kept.get(loader)
+        except TypeError:
+            return None
 
     def reports(self, interrupted: bool = False) -> list[tuple[Loader, Report]]:
         """One Report per loader that yielded a batch, the training loader first."""

@@ -1574,6 +1574,21 @@ def own_iteration(loader: DataLoader) -> list[str]:
     return found
 
 
+def unwrapped(loader: DataLoader) -> Iterator[Any]:
+    """A pass of a twin ``loader`` once profiling stopped: its batches out of their carriers,
+    nothing booked (NOTE [ Persistent workers past the profile ] in attach/patches.py)."""
+    it = iter(loader)
+    while True:
+        try:
+            carrier = next(it)
+        except StopIteration:
+            return
+        # NOTE [ A suspended pass holds no batch ]
+        held = [carrier.batch if isinstance(carrier, Carrier) else carrier]
+        carrier = None
+        yield held.pop()
+
+
 class H2DTimer:
     """Moves batches to the device, timed as ``transfer/h2d``.
 
