@@ -577,13 +577,13 @@ def _worker_fast_loop(monkeypatch: pytest.MonkeyPatch, fast: bool, sample_ms: fl
 
 
 @pytest.mark.serial  # counts steps against the machine's speed
-@pytest.mark.parametrize("sample_ms, step_ms, starved", [(0.0, 2.0, False), (4.0, 0.0, True)])
+@pytest.mark.parametrize("sample_ms, step_ms, starved", [(0.0, 2.0, False), (8.0, 0.0, True)])
 def test_the_workers_fast_path_keeps_each_batchs_wait_split(monkeypatch, sample_ms, step_ms,
                                                             starved):  # fmt: skip
     """NOTE [ Workers' batches, past the generators ]: with workers, the batches past the first
     two take the fast path and make the same steps, batches and workers' counts as through the
     pass; each step's wait keeps its split: hand-over where the workers are ahead (their batches
-    ready), starved where they are behind (4 samples of 4 ms a batch against a 0.3 ms step); the
+    ready), starved where they are behind (4 samples of 8 ms a batch against no step); the
     fast path's own time in next() stated."""
     fast, fast_ns, fetched = _worker_fast_loop(monkeypatch, True, sample_ms, step_ms)
     slow, _, none = _worker_fast_loop(monkeypatch, False, sample_ms, step_ms)
