@@ -240,29 +240,27 @@ async def _request(self: Any, method: str, url: Any, *args: Any, **kwargs: Any) 
 
 
 async def _body(self: Any) -> bytes:
-    if not piped():
-        return await AIO.orig["read"](self)  # type: ignore[no-any-return]
-    t0 = clock()
-    out = b""
-    try:
-        out = await AIO.orig["read"](self)
-        return out  # type: ignore[no-any-return]
-    finally:
-        _count_at(_url_host(self.url), clock() - t0, len(out or b""))
+    return await _counted(AIO.orig["read"], self, self)
 
 
 async def _s3_body(self: Any, *args: Any, **kwargs: Any) -> bytes:
     """An S3 object's body through aiobotocore (s3fs): read from ``response.content``, not
     through ``ClientResponse.read``, so counted here (NOTE [ fsspec's async filesystems ], 7)."""
+    return await _counted(BOTO.orig["read"], self, self._raw_stream, *args, **kwargs)
+
+
+async def _counted(read: Any, obj: Any, response: Any, *args: Any, **kwargs: Any) -> bytes:
+    """``read(obj, ...)``, a body read counted at the host of ``response.url``, where a stage
+    of the pipeline's thread is open."""
     if not piped():
-        return await BOTO.orig["read"](self, *args, **kwargs)  # type: ignore[no-any-return]
+        return await read(obj, *args, **kwargs)  # type: ignore[no-any-return]
     t0 = clock()
     out = b""
     try:
-        out = await BOTO.orig["read"](self, *args, **kwargs)
+        out = await read(obj, *args, **kwargs)
         return out  # type: ignore[no-any-return]
     finally:
-        _count_at(_url_host(self._raw_stream.url), clock() - t0, len(out or b""))
+        _count_at(_url_host(response.url), clock() - t0, len(out or b""))
 
 
 def _stream_read(self: Any, *args: Any, **kwargs: Any) -> bytes:
