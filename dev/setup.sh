@@ -21,9 +21,10 @@ pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
 
 if [ "${1:-}" = "test" ]; then
   pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
-  # s3fs (tests/test_fetch.py) on its own, with boto3 free to move to the botocore its
-  # aiobotocore pins: in the extra's one resolve pip backtracked for over 10 minutes
-  pip install -q "s3fs>=2026.9" boto3 2>&1 | grep -v "^WARNING: Location" || true
+  # s3fs (tests/test_fetch.py) on its own, pinned with the boto3 whose botocore its aiobotocore
+  # allows: unpinned, pip backtracked through boto3's releases for 4 to over 10 minutes
+  pip install -q "s3fs==2026.9.0" "aiobotocore==3.10.0" "boto3==1.43.117" 2>&1 \
+    | grep -v "^WARNING: Location" || true
   # Debian's chromium: tests/test_html_browser.py opens the HTML report in it, headless.
   if [ ! -x /usr/bin/chromium ]; then
     echo "installing chromium (apt-get) for the HTML report test ..."
