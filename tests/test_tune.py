@@ -144,6 +144,9 @@ def test_worker_counts_come_from_the_what_if_and_the_finding():
     quiet = {**report, "meta": {**report["meta"], "torch_threads": 1},
              "verdict": {"kind": "compute-bound"}, "loop": {"epochs": 1}}  # fmt: skip
     assert choose.knob_candidates(quiet, 4, cores=2) == []
+    # a one-pass profile's start-up hint: its trials, one pass too, cannot show kept workers' gain
+    hint = {**quiet, "findings": [{"id": "slow-startup"}]}
+    assert choose.knob_candidates(hint, 4, cores=2) == []
 
 
 def test_recount_tries_more_workers_once_they_are_kept_short_of_the_memory():

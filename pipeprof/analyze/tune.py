@@ -6,7 +6,9 @@ NOTE [ Tuning ]
 Candidates come from the baseline's profile first: the worker counts the what-if model ranks
 best (with the rate each is promised), the ``workers-needed`` finding's count, the counts next
 to the best one, and the script's own. Then, at the winning worker count, one knob at a time
-where a finding points at it: ``persistent_workers`` where the workers restarted each epoch,
+where a finding points at it: ``persistent_workers`` where the workers restarted each epoch
+(the baseline saw two passes or more: a trial of one pass cannot show what it saves, so a
+one-pass profile's start-up hint leaves it untried, noted),
 ``prefetch_factor`` 4 where the loop waited for data, ``pin_memory`` on a CUDA device, the
 ``file_system`` sharing strategy where the hand-over cost, and the training process's threads
 on a CPU-trained loop. A knob is kept only where it won, in two paired rounds or more where the
@@ -139,7 +141,7 @@ def knob_candidates(report: dict[str, Any], workers: int, cores: int) -> list[di
     loop = report.get("loop") or {}
     out: list[dict[str, Any]] = []
     if workers:
-        restarts = (loop.get("epochs") or 0) > 1 or "slow-startup" in ids
+        restarts = (loop.get("epochs") or 0) > 1  # one pass: nothing for kept workers to save
         if restarts and not now["persistent_workers"]:
             out.append({"persistent_workers": True})
         if verdict.get("kind") == "input-bound" and (now["prefetch_factor"] or 2) < 4:
