@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
 import pipeprof
-from pipeprof.analyze.rules import MODEL_SLACK, STARTUP_SHARE
+from pipeprof.analyze.rules import MODEL_SLACK, STARTUP_SHARE, rule_handover
 from pipeprof.render.text import TextRenderer
 
 clock = time.perf_counter_ns
@@ -946,6 +946,24 @@ def test_a_starved_loader_waits_for_its_stage_not_the_hand_over():
     assert wait["handover_ms_per_batch"] < 0.5 * wait["starved_ms_per_batch"]
     assert wait["starved_s"] + wait["handover_s"] == pytest.approx(wait["total_s"], abs=1e-6)
     assert "handover" not in findings(report)
+
+
+def test_a_loader_alone_s_hand_over_is_named_only_where_its_workers_had_slack():
+    """The starved loader above, recorded on a slow day: 6.8 ms of hand-over a batch, one batch
+    each 27 ms. Where its one worker was busy most of that time, each hand-over overlapped the
+    making of the next batch (NOTE [ Capacity before hand-over ]): no finding (it fired here, and
+    its promise would not have held); with the worker idle half the time, it is named."""
+
+    def report(busy_ms: float) -> dict:
+        return {"meta": {"num_workers": 1, "sharing_strategy": "file_system"},
+                "wait": {"split_known": True, "handover_ms_per_batch": 6.8},
+                "steady": {"batches_per_s": 37.0},
+                "workers": [{"track": "worker0", "batches": 12, "busy_s": 12 * busy_ms / 1e3}]}
+
+    facts = {"workers": [], "cores": 2, "n_workers": 1}
+    assert rule_handover(report(22.5), facts) is None  # busy 0.83 of the time between batches
+    found = rule_handover(report(13.5), facts)  # 0.50
+    assert found is not None and found["id"] == "handover"
 
 
 @pytest.mark.timing

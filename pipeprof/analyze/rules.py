@@ -29,7 +29,13 @@ from pipeprof.analyze.scenarios import (
 from pipeprof.analyze.streams import STREAM_RULES
 from pipeprof.analyze.tf_rules import TF_RULES
 from pipeprof.analyze.tokens import TOKEN_RULES
-from pipeprof.analyze.verdict import MODERATE_WAIT, handover_overlapped, loop_view, other_load
+from pipeprof.analyze.verdict import (
+    MODERATE_WAIT,
+    handover_overlapped,
+    loader_saturated,
+    loop_view,
+    other_load,
+)
 from pipeprof.analyze.whatif import throughput, workers_to_feed
 from pipeprof.core.regions import region_class
 
@@ -783,6 +789,8 @@ def rule_handover(report: dict[str, Any], facts: dict[str, Any]) -> Finding | No
         ms = wait.get("handover_ms_per_batch") or 0.0
         frac = ms * per_s / 1e3 if per_s else 0.0
         if not wait.get("split_known") or frac < HANDOVER_LOADER_SHARE:
+            return None
+        if loader_saturated(report):  # busy workers: it overlapped the next batches' making
             return None
         share = f"{frac:.0%} of the time between batches"
     mb = wait.get("batch_mb")

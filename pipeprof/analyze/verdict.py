@@ -273,6 +273,19 @@ def workers_saturated(report: dict[str, Any], view: dict[str, Any]) -> float | N
     return share if share >= SATURATED else None
 
 
+def loader_saturated(report: dict[str, Any]) -> bool:
+    """A loader profiled alone (no loop): whether its workers' busy time per batch, over their
+    number, fills at least ``SATURATED`` of the time between batches (NOTE [ Capacity before
+    hand-over ]): each hand-over then overlapped the making of the next batch."""
+    n, rows = _worker_rows(report)
+    batches = sum(w.get("batches") or 0 for w in rows)
+    per_s = (report.get("steady") or {}).get("batches_per_s")
+    if not (n and batches and per_s):
+        return False
+    busy = sum(w.get("busy_s") or 0.0 for w in rows) / batches / n
+    return bool(busy * per_s >= SATURATED)
+
+
 # NOTE [ Workers past the cores ]
 # More workers than cores take turns on them, so each one's busy time stretches with the
 # others' turns and busy time over the number of workers under-reads what they make together.
