@@ -468,6 +468,87 @@ def test_torchdatas_stateful_loader_is_profiled_and_resumes_as_plain(tmp_path):
     assert report["meta"]["loader"] == "StatefulDataLoader"
 
 
+STAGED = """
+import sys, time
+import torch
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.004)
+        return torch.tensor(float(i))
+
+
+def collate(samples):
+    time.sleep(0.006)
+    return torch.stack(samples)
+
+
+def make(workers, context):
+    return StatefulDataLoader(Slow(), batch_size=4, shuffle=True, num_workers=workers,
+                              collate_fn=collate, persistent_workers=workers > 0,
+                              multiprocessing_context=context,
+                              generator=torch.Generator().manual_seed(0))
+
+
+if __name__ == "__main__":
+    workers, context, early = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "early"
+    context = context if workers else None
+    loader, seen = make(workers, context), []
+    if early:  # its iterator, and its workers, made here: before the first pass
+        loader.state_dict()
+    for step, batch in enumerate(loader):
+        seen.append(batch.tolist())
+        if step == 5:
+            state = loader.state_dict()
+            break
+    print(loader.collate_fn is collate, loader.worker_init_fn)
+    again = make(workers, context)
+    again.load_state_dict(state)
+    for epoch in range(2):  # the resumed pass, then a whole one
+        print(epoch, seen, [b.tolist() for b in again])
+"""
+
+
+@pytest.mark.parametrize("workers,context,early,batches", [
+    (0, "-", "-", None), (2, "fork", "-", None), (2, "spawn", "-", None),
+    (2, "fork", "early", None), (2, "fork", "-", 10),
+])  # fmt: skip
+def test_a_stateful_loaders_load_and_collate_are_timed_where_it_runs(tmp_path, workers, context,
+                                                                     early, batches):
+    """NOTE [ A stateful loader, dressed ] in pipeprof/collect/torch/loader.py: torchdata's
+    StatefulDataLoader iterates itself, and its workers time 4 ms of load a sample and 6 ms of
+    collate a batch; its batches, its attributes and a resume from its state_dict() as plain.
+    An iterator made by a state_dict() before the first pass carries no stages (said); with
+    --batches 10, the persistent workers the profile dressed go on past it."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    (tmp_path / "s.py").write_text(STAGED)
+    args = ("s.py", str(workers), context, early)
+    plain = run(tmp_path, sys.executable, *args)
+    more = ("--batches", str(batches)) if batches else ()
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "-o", "r.json", *more, *args)
+    assert plain.returncode == ran.returncode == 0, ran.stderr
+    assert ran.stdout == plain.stdout and plain.stdout.startswith("True None\n")
+    report = json.loads((tmp_path / "r.json").read_text())
+    # the main loop: the resumed loader's 26 batches, or the first's 6 where the profile stopped
+    assert report["meta"]["loader"] == "StatefulDataLoader"
+    assert report["loop"]["steps"] == (6 if batches else 26)
+    if early == "early":  # the first loader's pass went on with the iterator its state_dict() made
+        first = json.loads(next(tmp_path.glob("r.DataLoader*.json")).read_text())
+        assert not first["stages"] and not first["wait"]["split_known"]
+        assert any("made before it" in n for n in first["notes"])
+    stages = report["stages"]
+    assert set(stages) >= {"load", "collate"}, stages
+    assert 4 * 0.8 <= stages["load"]["per_sample_ms"] <= 4 * 1.6
+    assert 6 * 0.8 <= stages["collate"]["per_batch_ms"] <= 6 * 1.6
+    assert report["wait"]["split_known"]
+
+
 PERSISTENT = """
 import sys
 import torch

@@ -29,7 +29,9 @@ torch's, and the workers' own random state goes on); its own fresh iterator woul
 and every order and augmentation after it would differ from plain's. So its later passes go on
 with its twin's persistent workers (kept by ``Run.stop_profiling``), their batches taken out of
 their carriers and nothing booked (``unwrapped``; its workers still pack their records, a few
-µs a batch). Such a pass is a generator, as a profiled pass with persistent workers is.
+µs a batch). Such a pass is a generator, as a profiled pass with persistent workers is. A
+dressed loader (NOTE [ A stateful loader, dressed ] in collect/torch/loader.py) goes on with its
+own persistent workers, which pack carriers too: its batches are taken out of them the same way.
 """
 
 from __future__ import annotations
@@ -167,7 +169,11 @@ def patch_torch(run: Run) -> None:
                 return orig(loader)
             if run.stopped:  # NOTE [ Persistent workers past the profile ]
                 kept = run.kept_workers(loader)
-                return orig(loader) if kept is None else unwrapped(kept)
+                if kept is None:
+                    return orig(loader)
+                # a twin's workers, or the loader's own, dressed (NOTE [ A stateful loader,
+                # dressed ] in collect/torch/loader.py)
+                return unwrapped(orig(loader) if kept is loader else iter(kept))
             if subclass and weakable(loader) and loader not in run.loaders.sites:
                 run.loaders.remember_site(loader)  # its __init__ may not be DataLoader's
             if stateful:

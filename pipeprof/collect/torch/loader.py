@@ -31,6 +31,7 @@ batches of an epoch, until every worker has delivered one, are start-up and kept
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import inspect
@@ -681,15 +682,80 @@ def build_loader(loader: DataLoader, nvtx: bool = False) -> tuple[DataLoader, li
     if not kwargs.get("num_workers"):
         kwargs.pop("prefetch_factor", None)
         kwargs.pop("persistent_workers", None)
+    kwargs["collate_fn"], kwargs["worker_init_fn"] = timed_fns(loader, nvtx, swaps, marks)
+    return DataLoader(dataset, **kwargs), notes
+
+
+def timed_fns(loader: DataLoader, nvtx: bool, swaps: list[Any] | None = None,
+              marks: list[Any] | None = None) -> tuple[Collate, WorkerInit]:  # fmt: skip
+    """Pipeprof's ``collate_fn`` and ``worker_init_fn`` around ``loader``'s own."""
     per_sample = loader.batch_size is None and loader.batch_sampler is None
-    kwargs["collate_fn"] = Collate(loader.collate_fn, per_sample, swaps)
-    base = probe_base() if kwargs.get("num_workers") else None  # measured here, once a process
+    base = probe_base() if loader.num_workers else None  # measured here, once a process
     if "fsspec" in sys.modules:  # once: forked workers inherit it (NOTE [ fsspec's async
         import fsspec.asyn  # noqa: F401  (filesystems ] in collect/fetch.py)
-    kwargs["worker_init_fn"] = WorkerInit(
-        loader.worker_init_fn, "h5py" in sys.modules, nvtx, base, swaps, marks
+    return (
+        Collate(loader.collate_fn, per_sample, swaps),
+        WorkerInit(loader.worker_init_fn, "h5py" in sys.modules, nvtx, base, swaps, marks),
     )
-    return DataLoader(dataset, **kwargs), notes
+
+
+# NOTE [ A stateful loader, dressed ]
+# torchdata's StatefulDataLoader iterates itself (its own ``__iter__`` and iterators), so no twin
+# stands in for it: a rebuilt loader would not resume from its ``state_dict()`` as it does. It
+# makes its batches as torch's loaders do, though: a fetcher from ``_DatasetKind.create_fetcher``
+# over its dataset, its ``collate_fn``, its ``worker_init_fn`` in each worker. So while ``iter()``
+# makes its iterator (and starts its workers), the loader holds pipeprof's ``Collate`` and
+# ``WorkerInit`` around its own (``dressed``), then its own again:
+# 1. the iterator, and the workers it started, keep pipeprof's, so each batch comes as a
+#    ``Carrier`` with its ``load`` and ``collate`` timed where they ran. The dataset is the user's
+#    own object (its snapshots save its state), so its transforms are inside ``load``;
+# 2. user code sees the loader's own attributes at any other time;
+# 3. an iterator made earlier, by a ``state_dict()`` before the first pass, started its workers
+#    undressed: that pass's batches carry no stages, and its wait is not split (a note says so);
+# 4. persistent workers go on packing carriers once profiling stopped: their batches are taken
+#    out of them (``unwrapped``, NOTE [ Persistent workers past the profile ] in
+#    attach/patches.py).
+# A subclass that overrides torchdata's iteration, or an iterable dataset (whose iterator's state
+# the snapshots save, which a timed iterator would hide), stays as it is: the wait per batch.
+_TORCHDATA = "torchdata.stateful_dataloader."
+
+
+def dressable(loader: DataLoader) -> bool:
+    """A map-style loader whose own iteration is all torchdata's (NOTE above)."""
+    if isinstance(loader.dataset, IterableDataset):
+        return False
+    seen = False
+    for cls in type(loader).__mro__:
+        if cls is DataLoader:
+            break
+        own = any(name in vars(cls) for name in ("__iter__", "_get_iterator", "__len__"))
+        if own and not cls.__module__.startswith(_TORCHDATA):
+            return False
+        seen = seen or own
+    return seen
+
+
+_DRESSED = ("collate_fn", "worker_init_fn")
+
+
+@contextlib.contextmanager
+def dressed(loader: DataLoader, fns: tuple[Any, Any] | None) -> Iterator[None]:
+    """``loader`` holding ``fns`` (a ``collate_fn`` and a ``worker_init_fn``) inside the block,
+    its own before and after (NOTE [ A stateful loader, dressed ]); ``fns`` None: as it is."""
+    if fns is None:
+        yield
+        return
+    own = vars(loader)
+    saved = {k: own[k] for k in _DRESSED if k in own}
+    own.update(zip(_DRESSED, fns))
+    try:
+        yield
+    finally:
+        for k in _DRESSED:
+            if k in saved:
+                own[k] = saved[k]
+            else:
+                own.pop(k, None)
 
 
 def check_device(device: Any) -> torch.device | None:
@@ -765,9 +831,20 @@ class ProfiledLoader:
         self._ruled = False
         self._first: dict[str, Any] = {"batches": 0, "samples": 0, "ns": {}}
         self.opaque = own_iteration(loader)
+        # NOTE [ A stateful loader, dressed ]: the pass's timed functions, and the iterators
+        # made while the loader held them
+        self.dressable = bool(self.opaque) and dressable(loader)
+        self._dress: tuple[Collate, WorkerInit] | None = None
+        self._dressed_its: weakref.WeakSet[Any] = weakref.WeakSet()
         if self.opaque:  # a rebuilt loader would not yield what this one does: time it as it is
             what = f"{type(loader).__name__} overrides {', '.join(self.opaque)}"
-            note = f"{what}: it runs as it is, so pipeprof times the wait per batch, no stage in it"
+            note = (
+                f"{what}: it runs as it is; its samples' load (with their transforms) and its "
+                "collate are timed where it makes its batches"
+                if self.dressable
+                else f"{what}: it runs as it is, so pipeprof times the wait per batch, no stage "
+                "in it"
+            )
             self.loader, notes = loader, [note]
         else:
             self.loader, notes = build_loader(loader, ranges is not None)
@@ -794,7 +871,7 @@ class ProfiledLoader:
         session.meta.update(describe(loader, self.device))
         if self.h2d is not None:  # the GPU's copy time, or the CPU clock's (analyze/loop.py)
             session.meta["h2d_clock"] = "cuda" if self.h2d.cuda else "cpu"
-        if not self.opaque:  # each batch comes stamped with when it was ready
+        if not self.opaque or self.dressable:  # each batch comes stamped with when it was ready
             session.meta["wait_split"] = True
         session.add_cost("setup_ns", clock() - t0)
 
@@ -917,27 +994,32 @@ class ProfiledLoader:
         try:
             # reads in this process (num_workers=0) are timed while the pass runs
             patched = [patch for patch in READS if patch.install()]
-            if isinstance(self.loader.collate_fn, Collate):  # NOTE [ Index sketches ]
-                first = self.passes == 1
-                self.loader.collate_fn.sketch = first and ranks.from_env().distributed
-            if self.loader.num_workers and not self.opaque:
+            self._dress_up()
+            collate = self._collate_fn()
+            if isinstance(collate, Collate):  # NOTE [ Index sketches ]
+                collate.sketch = self.passes == 1 and ranks.from_env().distributed
+            if self.loader.num_workers and (not self.opaque or self.dressable):
                 self._arm_workers()
                 if self.session.meta.get("multiprocessing_context") == "fork":
                     _cache_own_source()
             self._watch()  # NOTE [ Hangs ] in hangs.py
             t_iter = clock()
+            prior = vars(self.loader).get("_iterator")  # NOTE [ A stateful loader, dressed ]
             before = rec.enter(mine)
             try:
-                it = iter(self.loader)
+                with dressed(self.loader, self._dress):
+                    it = iter(self.loader)
             finally:
                 rec.leave(before)
+            self._dressed_now(it, prior)
+            del prior
             self._current = weakref.ref(it)
             started_ns = clock() - t_iter  # the workers forked: noted at the first batch
             span = WAIT_SPAN.format(type(it).__name__)
             fetch = it.__next__
             nv = self.ranges
             plan = BatchPlan(self.stage_every, self._ab_eligible(), nv is None and self.h2d is None)
-            swaps = bool(getattr(self.loader.collate_fn, "swaps", ()))
+            swaps = bool(getattr(self._collate_fn(), "swaps", ()))
             # NOTE [ Workers' batches, past the generators ]
             workers = bool(self.loader.num_workers) and not self.opaque and plan.lean
             short = ShortPass(fetch, swaps, span, workers)
@@ -1109,7 +1191,7 @@ class ProfiledLoader:
     def _ab_long(self, least: int) -> bool:
         """A map-style pass of at least ``least`` batches, with no NVTX ranges: it can spare
         some batches unprofiled (NOTE [ Unprofiled batches ])."""
-        if self.opaque or self.ranges is not None:
+        if (self.opaque and not (self.dressable and self.loader.num_workers)) or self.ranges:
             return False
         if isinstance(self.loader.dataset, IterableDataset):  # its length is a guess, if any
             return False
@@ -1121,14 +1203,46 @@ class ProfiledLoader:
 
     def _swap(self, plain: bool) -> None:
         if plain:
-            self._swapped = set_swaps(getattr(self.loader.collate_fn, "swaps", ()), True)
+            self._swapped = set_swaps(getattr(self._collate_fn(), "swaps", ()), True)
         else:
             set_swaps(self._swapped, False)
+
+    def _collate_fn(self) -> Any:
+        """The ``collate_fn`` the pass's batches are made with: pipeprof's, where the loader is
+        dressed for it (NOTE [ A stateful loader, dressed ]), else the loader's."""
+        return self._dress[0] if self._dress is not None else self.loader.collate_fn
+
+    def _dress_up(self) -> None:
+        """NOTE [ A stateful loader, dressed ]: the timed functions the loader holds while its
+        iterator is made, around its own as they are now (kept while they are the same, so
+        persistent workers and the pass agree on the one they hold)."""
+        if not self.dressable:
+            return
+        dress, loader = self._dress, self.loader
+        if dress is None or (dress[0].fn, dress[1].fn) != (loader.collate_fn,
+                                                           loader.worker_init_fn):  # fmt: skip
+            _install_fetcher()  # NOTE [ The user's own dataset ]
+            self._dress = timed_fns(loader, self.ranges is not None)
+
+    def _dressed_now(self, it: Any, prior: Any) -> None:
+        """Whether the pass's iterator was made dressed (NOTE [ A stateful loader, dressed ]):
+        made by this ``iter()`` (not ``prior``, the loader's before it), or dressed when it was
+        made; one made undressed (case 3) carries no stages and no split of the wait."""
+        if not self.dressable:
+            return
+        if it is not prior:
+            self._dressed_its.add(it)
+        elif it not in self._dressed_its:
+            self.session.meta.pop("wait_split", None)
+            note = (f"pass {self.passes} of {type(self.loader).__name__} went on with an iterator "
+                    "made before it (a state_dict() before the pass): no stages in its batches")
+            if note not in self.session.notes:
+                self.session.notes.append(note)
 
     def _arm_workers(self) -> None:
         """NOTE [ Unprofiled batches ]: the workers' rule for this pass (workers that persist
         keep the one they started with)."""
-        collate = self.loader.collate_fn
+        collate = self._collate_fn()
         if isinstance(self.loader.dataset, IterableDataset) or not isinstance(collate, Collate):
             return
         # each worker's count of batches goes on from the last pass's (``seen`` shared out), so
@@ -1198,7 +1312,7 @@ class ProfiledLoader:
             self._fast_own = 0
         self.session.run_deferred()
         self._publish_first()
-        sketcher = getattr(self.loader.collate_fn, "sketcher", None)
+        sketcher = getattr(self._collate_fn(), "sketcher", None)
         if sketcher is not None and not self.loader.num_workers:  # NOTE [ Index sketches ]
             self.session.worker("main", os.getpid()).sketch = sketcher.values()
         self.session.add_cost("settle_ns", time.thread_time_ns() - cpu0)
@@ -1269,7 +1383,7 @@ class ProfiledLoader:
         self.thread_id = threading.get_ident()
         if not self.hang_s:
             return
-        init = self.loader.worker_init_fn
+        init = self._dress[1] if self._dress is not None else self.loader.worker_init_fn
         if self.loader.num_workers and isinstance(init, WorkerInit):
             init.stacks = _stack_folder()
         self.stop_watch()
@@ -1574,10 +1688,10 @@ def own_iteration(loader: DataLoader) -> list[str]:
     return found
 
 
-def unwrapped(loader: DataLoader) -> Iterator[Any]:
-    """A pass of a twin ``loader`` once profiling stopped: its batches out of their carriers,
-    nothing booked (NOTE [ Persistent workers past the profile ] in attach/patches.py)."""
-    it = iter(loader)
+def unwrapped(it: Iterator[Any]) -> Iterator[Any]:
+    """A pass once profiling stopped, over a twin's iterator or a dressed loader's own: its
+    batches out of their carriers, nothing booked (NOTE [ Persistent workers past the profile ]
+    in attach/patches.py)."""
     while True:
         try:
             carrier = next(it)
