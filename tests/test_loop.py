@@ -403,9 +403,10 @@ def test_unprofiled_batches_measure_what_profiling_costs_in_process():
     assert ab["batches"] == [c["on"], c["off"]] and ab["unprofiled_samples"] == c["unprofiled"] * 4
     assert c["lean"] > c["off"]  # NOTE [ The short path ]: most are outside the comparison
     # the injected 2 ms a sample, and pipeprof's own regions around it: a few µs quiet, 20 µs on
-    # a loaded machine, 71 µs once in a CI run two tests at a time (the CPU of 8 batches against
-    # 8: one page fault or collection in a batch weighs that much), against 250 µs of slack
-    assert 2_000_000 <= ab["per_sample_ns"] <= 2_250_000 and ab["used"], ab
+    # a loaded machine, 71 µs once in a CI run two tests at a time and 260 µs three at a time on
+    # a slow day (the CPU of 8 batches against 8: one page fault or collection in a batch weighs
+    # that much), against 500 µs of slack: a cost counted twice would be 4 ms
+    assert 2_000_000 <= ab["per_sample_ns"] <= 2_500_000 and ab["used"], ab
     profiled = c["profiled"] * 4
     assert report["overhead"]["regions_s"] == pytest.approx(
         ab["per_sample_ns"] * profiled / 1e9, rel=1e-3

@@ -369,7 +369,7 @@ def test_a_killed_trial_is_recorded_and_the_budget_bounds_the_tune(tmp_path, mon
     tuner.close()
     assert not os.path.exists(tuner.dir)
     assert not result["changed"] and result["trials"] == []
-    assert "the budget (1 s) ran out after 0 trials" in result["notes"][0]
+    assert any("the budget (1 s) ran out after 0 trials" in n for n in result["notes"])
 
 
 def test_ctrl_c_shows_what_was_measured_and_leaves_the_script_alone(tmp_path):
