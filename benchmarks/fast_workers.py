@@ -40,7 +40,21 @@ class Rows(Dataset):
 loader = DataLoader(Rows(), batch_size=8, num_workers=2, prefetch_factor=8,
                     multiprocessing_context="fork")
 pc, tt = time.perf_counter, time.thread_time
+gcs = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}  # generation -> [collections, seconds]
+_gc_t = [0.0]
+
+
+def _gc(phase, info):
+    if phase == "start":
+        _gc_t[0] = pc()
+    else:
+        g = gcs[info["generation"]]
+        g[0] += 1
+        g[1] += pc() - _gc_t[0]
+
+
 it = iter(loader)
+gc.callbacks.append(_gc)
 r0 = resource.getrusage(resource.RUSAGE_THREAD)
 t0 = pc()
 cpu, k = [], 0
@@ -58,6 +72,7 @@ while True:
         pass
 loop = pc() - t0
 r1 = resource.getrusage(resource.RUSAGE_THREAD)
+gc.callbacks.remove(_gc)
 del it
 gc.collect()
 time.sleep(0.3)  # the workers exit and are reaped
@@ -67,6 +82,7 @@ print("LOOP", json.dumps({
     "loop_s": loop, "next_cpu_us": cpu[len(cpu) // 2] * 1e6,
     "main_cpu_s": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime,
     "workers_cpu_s": kids.ru_utime + kids.ru_stime,
+    "gc_s": sum(g[1] for g in gcs.values()), "gc2": gcs[2][0], "gc1": gcs[1][0],
 }))
 '''
 
@@ -108,6 +124,10 @@ def main() -> None:
     for key, name in (("main_cpu_s", "training thread"), ("workers_cpu_s", "workers")):
         print(f"{name}: CPU {med(False, key):.3f} s plain, {med(True, key):.3f} profiled "
               f"({(med(True, key) - med(False, key)) * 1e6 / args.batches:+.0f} µs a batch)")
+    print(f"the training process's collections: {med(False, 'gc_s') * 1e3:.1f} ms plain "
+          f"({med(False, 'gc1'):.0f} of gen 1, {med(False, 'gc2'):.0f} full), "
+          f"{med(True, 'gc_s') * 1e3:.1f} ms profiled ({med(True, 'gc1'):.0f}, "
+          f"{med(True, 'gc2'):.0f})")
     print(f"added CPU {extra_cpu:.3f} s; the report states {med(True, 'stated_s'):.3f} s "
           f"({med(True, 'stated_s') / extra_cpu:.2f} of it)")
 
