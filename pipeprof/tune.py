@@ -295,8 +295,9 @@ class Tuner:
         at = self.settings[best]
         knobs = [k for k in choose.knob_candidates(report, at.get("num_workers", workers), cores)
                  if set(k) <= self.knobs]  # fmt: skip
-        one_pass = (report.get("loop") or {}).get("epochs", 1) <= 1
-        if one_pass and any(f.get("id") == "slow-startup" for f in report.get("findings") or []):
+        one_pass = ((report.get("loop") or {}).get("epochs") or 1) <= 1
+        hint = any(f.get("id") == "slow-startup" for f in report.get("findings") or [])
+        if one_pass and hint and "persistent_workers" in self.knobs:
             self.notes.append(f"persistent_workers not tried: the trials' {self.batches} batches "
                               "hold one pass, where kept workers save nothing; the slow-startup "
                               "finding's hint stands for a job of many epochs")  # fmt: skip

@@ -260,15 +260,23 @@ def _worker_rows(report: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
     return n, rows
 
 
+def _busy_per_batch(report: dict[str, Any]) -> float | None:
+    """The workers' busy seconds per batch, over their number (NOTE [ Capacity before
+    hand-over ]); None without workers' batches."""
+    n, rows = _worker_rows(report)
+    batches = sum(w.get("batches") or 0 for w in rows)
+    if not (n and batches):
+        return None
+    return float(sum(w.get("busy_s") or 0.0 for w in rows) / batches / n)
+
+
 def workers_saturated(report: dict[str, Any], view: dict[str, Any]) -> float | None:
     """The workers' busy time per batch, over their number, as a share of the loop's time per
     step, where it reaches ``SATURATED`` (NOTE [ Capacity before hand-over ]); else None."""
-    n, rows = _worker_rows(report)
-    batches = sum(w.get("batches") or 0 for w in rows)
+    busy = _busy_per_batch(report)
     steps, wall = view.get("steps") or 0, view.get("wall_s") or 0.0
-    if not (n and batches and steps and wall):
+    if busy is None or not (steps and wall):
         return None
-    busy = sum(w.get("busy_s") or 0.0 for w in rows) / batches / n
     share = busy / (wall / steps)
     return share if share >= SATURATED else None
 
@@ -277,13 +285,9 @@ def loader_saturated(report: dict[str, Any]) -> bool:
     """A loader profiled alone (no loop): whether its workers' busy time per batch, over their
     number, fills at least ``SATURATED`` of the time between batches (NOTE [ Capacity before
     hand-over ]): each hand-over then overlapped the making of the next batch."""
-    n, rows = _worker_rows(report)
-    batches = sum(w.get("batches") or 0 for w in rows)
+    busy = _busy_per_batch(report)
     per_s = (report.get("steady") or {}).get("batches_per_s")
-    if not (n and batches and per_s):
-        return False
-    busy = sum(w.get("busy_s") or 0.0 for w in rows) / batches / n
-    return bool(busy * per_s >= SATURATED)
+    return bool(busy is not None and per_s and busy * per_s >= SATURATED)
 
 
 # NOTE [ Workers past the cores ]

@@ -1203,7 +1203,8 @@ class ProfiledLoader:
 
     def _swap(self, plain: bool) -> None:
         if plain:
-            self._swapped = set_swaps(getattr(self._collate_fn(), "swaps", ()), True)
+            # a twin's (a dressed loader's passes are all timed in process: ``_ab_long``)
+            self._swapped = set_swaps(getattr(self.loader.collate_fn, "swaps", ()), True)
         else:
             set_swaps(self._swapped, False)
 
