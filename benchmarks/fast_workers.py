@@ -9,6 +9,10 @@ training thread's whole CPU and the workers' (``RUSAGE_CHILDREN`` once they exit
 ``pipeprof run``, the cost its report states. Medians over the rounds.
 
     .venv/bin/python benchmarks/fast_workers.py --rounds 5   # ~1 minute
+    .venv/bin/python benchmarks/fast_workers.py --run-args "--sample-hz 0"   # a variant
+
+Each round's plain and profiled figures are printed too: on this VM a round's CPU swings by
+±15 %, several times what pipeprof adds, so one run's ratio moves between about 0.4 and 1.1.
 """
 
 from __future__ import annotations
@@ -87,9 +91,10 @@ print("LOOP", json.dumps({
 '''
 
 
-def once(script: Path, batches: int, profiled: bool) -> dict[str, float]:
+def once(script: Path, batches: int, profiled: bool, extra: list[str]) -> dict[str, float]:
     out = script.parent / "run.json"
-    head = [sys.executable, *(["-m", "pipeprof", "run", "-o", str(out)] if profiled else [])]
+    run = ["-m", "pipeprof", "run", "-o", str(out), *extra]
+    head = [sys.executable, *(run if profiled else [])]
     done = subprocess.run([*head, str(script), str(batches)], capture_output=True, text=True,
                           check=True)  # fmt: skip
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("LOOP "))
@@ -103,6 +108,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batches", type=int, default=2000)
+    p.add_argument("--run-args", default="", help="more arguments for pipeprof run, quoted")
     args = p.parse_args()
     compiled()
     got: dict[bool, list[dict[str, float]]] = {False: [], True: []}
@@ -111,11 +117,17 @@ def main() -> None:
         script.write_text(LOOP)
         for k in range(args.rounds):
             for profiled in (False, True) if k % 2 else (True, False):
-                got[profiled].append(once(script, args.batches, profiled))
+                got[profiled].append(once(script, args.batches, profiled, args.run_args.split()))
 
     def med(h: bool, key: str) -> float:
         return statistics.median(r[key] for r in got[h])
 
+    for k in range(args.rounds):
+        a, b = got[False][k], got[True][k]
+        print(f"round {k}: loop {a['loop_s']:.3f} / {b['loop_s']:.3f} s, next() "
+              f"{a['next_cpu_us']:.0f} / {b['next_cpu_us']:.0f} µs, training thread "
+              f"{a['main_cpu_s']:.3f} / {b['main_cpu_s']:.3f} s, workers "
+              f"{a['workers_cpu_s']:.3f} / {b['workers_cpu_s']:.3f} s (plain / profiled)")
     plain, run = (med(False, "loop_s"), med(True, "loop_s"))
     extra_cpu = sum(med(True, k) - med(False, k) for k in ("main_cpu_s", "workers_cpu_s"))
     print(f"loop: plain {plain:.3f} s, pipeprof run {run:.3f} s ({run / plain - 1:+.1%})")
@@ -130,6 +142,13 @@ def main() -> None:
           f"{med(True, 'gc2'):.0f})")
     print(f"added CPU {extra_cpu:.3f} s; the report states {med(True, 'stated_s'):.3f} s "
           f"({med(True, 'stated_s') / extra_cpu:.2f} of it)")
+    # the same by the rounds' own differences (each round's pair ran back to back)
+    pairs = [sum(got[True][k][key] - got[False][k][key] for key in ("main_cpu_s", "workers_cpu_s"))
+             for k in range(args.rounds)]  # fmt: skip
+    stated = [r["stated_s"] for r in got[True]]
+    print(f"by the rounds' differences: added CPU {statistics.median(pairs):.3f} s (rounds "
+          f"{min(pairs):+.3f} to {max(pairs):+.3f}); stated {statistics.median(stated):.3f} s "
+          f"({statistics.median(stated) / statistics.median(pairs):.2f} of it)")
 
 
 if __name__ == "__main__":
