@@ -11,9 +11,10 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pipeprof.analyze import analyze
+from pipeprof.analyze.analysis import RunReport
 from pipeprof.analyze.compare import compare_dicts
 from pipeprof.core.session import Session, read_file, write_atomic
 from pipeprof.render.result import Result
@@ -37,7 +38,7 @@ class Report(Result):
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._data = analyze(session)
+        self._data: RunReport = analyze(session)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
@@ -53,7 +54,7 @@ class Report(Result):
             ) from exc
 
     def _data_dict(self) -> dict[str, Any]:
-        return self._data
+        return cast("dict[str, Any]", self._data)  # render/ reads it as plain data
 
     @property
     def verdict(self) -> dict[str, Any]:
@@ -110,7 +111,7 @@ class Report(Result):
     def _renderables(self) -> Iterable[Any]:
         from pipeprof.render.text import summary
 
-        return summary(self._data)
+        return summary(self._data_dict())
 
     def log_to(self, target: str, **options: Any) -> str:
         """Log the report's metrics (``pipeprof/wait_fraction``, ... and per-step curves),

@@ -10,28 +10,6 @@ from torchvision import transforms
 
 import pipeprof
 
-CONTRACT = {
-    "schema",
-    "mode",
-    "framework",
-    "batches",
-    "samples",
-    "wall_s",
-    "throughput",
-    "stages",
-    "loop",
-    "workers",
-    "gpu",
-    "host",
-    "verdict",
-    "findings",
-    "what_if",
-    "overhead",
-    "startup_s",
-    "steady",
-    "latency",
-}
-
 
 @pytest.fixture(scope="module")
 def report():
@@ -40,8 +18,11 @@ def report():
 
 
 def test_contract_keys_and_units(report):
+    from pipeprof.analyze.analysis import RunReport
+
     d = report.to_dict()
-    assert d.keys() >= CONTRACT
+    # no h5py reads, HTTP requests nor tokens here: the keys every report has, and no other
+    assert d.keys() == RunReport.__required_keys__
     assert d["schema"] == "pipeprof/1" and d["mode"] == "loader" and d["framework"] == "torch"
     assert d["batches"] == 8 and d["samples"] == 32
     for row in d["stages"].values():
@@ -135,6 +116,36 @@ def _schema_keys(row: str) -> tuple[set[str], set[str]]:
     listed = cell.rsplit("{", 1)[1].split("}", 1)[0]  # the innermost braces (``{path: {...}}``)
     keys = [k.strip() for k in listed.split(",")]
     return {k for k in keys if not k.endswith("?")}, {k[:-1] for k in keys if k.endswith("?")}
+
+
+def _schema_rows() -> set[str]:
+    """The keys named in the first column of docs/schema.md's first table (the run report)."""
+    from pathlib import Path
+
+    lines = (Path(__file__).parent.parent / "docs" / "schema.md").read_text().splitlines()
+    start = lines.index("| key | meaning |") + 2
+    rows = lines[start : lines.index("", start)]
+    return {key for row in rows for key in row.split("|")[1].split("`")[1::2]}
+
+
+def test_the_schema_lists_every_key_of_the_typed_report():
+    """The run report's keys in docs/schema.md against ``RunReport`` (analyze/analysis.py), and
+    the ``wait``, ``throughput`` and ``steady`` rows against their types; a recorded loop's
+    report (tests/golden) has each key ``RunReport`` says it always has."""
+    from golden_reports import GOLDEN, LOOP
+
+    from pipeprof.analyze.analysis import Measured, RunReport, WaitSection
+    from pipeprof.analyze.stages import Rates, SteadyRates
+
+    assert _schema_rows() == RunReport.__annotations__.keys()
+    assert RunReport.__optional_keys__ == {"hdf5", "fetch", "tokens"} == Measured.__optional_keys__
+    assert _schema_shape("wait").keys() == WaitSection.__annotations__.keys()
+    assert _schema_shape("throughput").keys() == Rates.__annotations__.keys()
+    assert _schema_shape("steady").keys() == SteadyRates.__annotations__.keys()
+    d = pipeprof.load(GOLDEN / LOOP).to_dict()
+    assert RunReport.__required_keys__ <= d.keys() <= RunReport.__annotations__.keys()
+    assert d["wait"].keys() == WaitSection.__annotations__.keys()
+    assert d["steady"].keys() == SteadyRates.__annotations__.keys()
 
 
 def test_the_schema_lists_the_typed_verdict_and_finding():

@@ -5,23 +5,28 @@ Nothing here prints, draws or reads a clock: the same Session always gives the s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, cast
 
-from pipeprof.analyze.accounting import accounting
-from pipeprof.analyze.fetch import fetch_section, object_rows
+from pipeprof.analyze.accounting import Accounting, accounting
+from pipeprof.analyze.fetch import FetchRow, fetch_section, object_rows
 from pipeprof.analyze.finding import Finding, Verdict, pipeline_facts
 from pipeprof.analyze.hdf5 import h5_section
-from pipeprof.analyze.loop import loop_section, timeline
+from pipeprof.analyze.loop import LoopSection, loop_section, timeline
 from pipeprof.analyze.rules import RULES
 from pipeprof.analyze.scenarios import report_what_if
 from pipeprof.analyze.stages import (
+    Overhead,
+    Rates,
+    StageRow,
+    SteadyRates,
+    WorkerRow,
     overhead,
     stage_table,
     throughput,
     timed_batches,
     worker_table,
 )
-from pipeprof.analyze.tokens import tokens_section
+from pipeprof.analyze.tokens import Tokens, tokens_section
 from pipeprof.analyze.verdict import empty_verdict, loader_verdict, loop_verdict
 from pipeprof.core.session import Session
 from pipeprof.core.stats import Figures, Stat, figures
@@ -30,17 +35,65 @@ SCHEMA = "pipeprof/1"
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
-def analyze(session: Session) -> dict[str, Any]:
-    """The report dictionary for ``session`` (the report contract: docs/schema.md)."""
+class _Measured(TypedDict):
+    """What every profile measured: the report before its verdict (docs/schema.md's keys)."""
+
+    schema: str
+    mode: str  # "loader" (pipeprof.profile) or "loop" (Profiler)
+    framework: str  # "torch" or "tf"
+    batches: int
+    samples: int
+    wall_s: float
+    throughput: Rates
+    startup_s: float | None
+    steady: SteadyRates
+    latency: Figures
+    wait: WaitSection
+    stages: dict[str, StageRow]
+    loop: LoopSection | None
+    workers: list[WorkerRow]
+    gpu: dict[str, Any] | None  # the NVML sampler's (collect/samplers)
+    host: dict[str, Any] | None  # the psutil sampler's
+    meta: dict[str, Any]
+    notes: list[str]
+    interrupted: bool
+    overhead: Overhead
+    timeline: dict[str, Any] | None
+    accounting: Accounting | None
+
+
+class Measured(_Measured, total=False):
+    """... and what some did: ``hdf5``, ``fetch`` and ``tokens`` are there only where h5py
+    reads, HTTP requests or token batches were seen."""
+
+    hdf5: list[dict[str, Any]]
+    fetch: list[FetchRow]
+    tokens: Tokens | None
+
+
+class RunReport(Measured):
+    """The report of one profile, schema ``pipeprof/1`` (``Report.to_dict()``): what was
+    measured, and what it means (tests/test_report.py holds docs/schema.md to these keys)."""
+
+    verdict: Verdict
+    findings: list[Finding]
+    what_if: list[dict[str, Any]]
+
+
+def analyze(session: Session) -> RunReport:
+    """The report for ``session`` (the report contract: docs/schema.md)."""
     with session.settled():  # queued records folded in; no background fold while we read
         return _analyze(session)
 
 
-def _analyze(session: Session) -> dict[str, Any]:
+def _analyze(session: Session) -> RunReport:
     stages = stage_table(session)
     overall, steady = throughput(session)
-    workers = worker_table(session, session.wall_ns)
-    report: dict[str, Any] = {
+    loop = loop_section(session, session.samples / max(session.batches, 1))
+    gpu = session.gpu
+    if gpu is not None and loop is not None:
+        gpu = {**gpu, "idle_while_waiting_fraction": loop["idle_while_waiting_fraction"]}
+    measured: Measured = {
         "schema": SCHEMA,
         "mode": session.mode,
         "framework": session.framework,
@@ -55,30 +108,26 @@ def _analyze(session: Session) -> dict[str, Any]:
         "latency": _latency(session.wait),
         "wait": wait_section(session),
         "stages": stages,
-        "loop": loop_section(session, session.samples / max(session.batches, 1)),
-        "workers": workers,
-        "gpu": session.gpu,
+        "loop": loop,
+        "workers": worker_table(session, session.wall_ns),
+        "gpu": gpu,
         "host": session.host,
         "meta": _meta(session),
         "notes": list(session.notes),
         "interrupted": session.interrupted,
         "overhead": overhead(session, stages),
+        "timeline": timeline(session),
+        "accounting": accounting(session),
     }
-    if report["gpu"] is not None and report["loop"] is not None:
-        report["gpu"] = {
-            **report["gpu"],
-            "idle_while_waiting_fraction": report["loop"]["idle_while_waiting_fraction"],
-        }
     if session.h5:  # h5py reads were timed (docs/hdf5.md)
-        report["hdf5"] = h5_section(session)
+        measured["hdf5"] = h5_section(session)
     if session.fetch:  # HTTP requests were timed (docs/streaming.md)
-        report["fetch"] = fetch_section(session)
+        measured["fetch"] = fetch_section(session)
     if session.tokens:  # token batches (NOTE [ Padding ] in analyze/tokens.py)
-        report["tokens"] = tokens_section(session)
-    report["timeline"] = timeline(session)
-    report["accounting"] = accounting(session)
-    report["verdict"], report["findings"], report["what_if"] = assess(report)
-    return report
+        measured["tokens"] = tokens_section(session)
+    # the rules read the report as plain data, the verdict in it once made
+    verdict, findings, what_if_rows = assess(cast("dict[str, Any]", dict(measured)))
+    return {**measured, "verdict": verdict, "findings": findings, "what_if": what_if_rows}
 
 
 def _meta(session: Session) -> dict[str, Any]:
@@ -118,7 +167,21 @@ def assess(report: dict[str, Any]) -> tuple[Verdict, list[Finding], list[dict[st
     return verdict, found, what_if(report, facts)
 
 
-def wait_section(session: Session) -> dict[str, Any]:
+class WaitSection(TypedDict):
+    """``wait``: the wait per batch after the first, split into starved and hand-over."""
+
+    batches: int
+    total_s: float
+    starved_s: float
+    handover_s: float
+    starved_ms_per_batch: float | None
+    handover_ms_per_batch: float | None
+    startup_s: float | None
+    split_known: bool
+    batch_mb: float | None
+
+
+def wait_section(session: Session) -> WaitSection:
     """The consumer's wait per batch after the first, split (NOTE [ Wait, split ] in
     collect/torch/loader.py): *starved* while the batch was not ready, *hand-over* while a ready
     batch moved to the training process; and the batch's size in bytes."""

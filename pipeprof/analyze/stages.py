@@ -261,14 +261,27 @@ def _worker_key(track: str) -> tuple[int, str]:
     return (int(track[6:]), track) if track.startswith("worker") else (-1, track)
 
 
-def throughput(session: Session) -> tuple[dict[str, Any], dict[str, Any]]:
+class Rates(TypedDict):
+    """``throughput``: samples and batches a second over the whole profile (None: no time)."""
+
+    samples_per_s: float | None
+    batches_per_s: float | None
+
+
+class SteadyRates(Rates):
+    """``steady``: the same after the first batch, and the seconds they cover."""
+
+    wall_s: float | None
+
+
+def throughput(session: Session) -> tuple[Rates, SteadyRates]:
     """Overall and steady-state (after the first batch) rates."""
     wall = session.wall_ns / 1e9
-    overall = {
+    overall: Rates = {
         "samples_per_s": round(session.samples / wall, 3) if wall else None,
         "batches_per_s": round(session.batches / wall, 3) if wall else None,
     }
-    steady: dict[str, Any] = {"samples_per_s": None, "batches_per_s": None, "wall_s": None}
+    steady: SteadyRates = {"samples_per_s": None, "batches_per_s": None, "wall_s": None}
     t_first, first_samples, t_last = _steady_window(session)
     if t_first is not None and session.batches > 1 and session.first_batch_ns is not None:
         steady_wall = (t_last - t_first) / 1e9
