@@ -58,6 +58,10 @@ class WorkerRow(TypedDict):
     batches: int
     samples: int
     shards: int | None  # the WebDataset shards it opened (None: no shard opened by any)
+    # from the first pass's iter() to its first batch ready, and to its first shard opened
+    # (None: not known; no shard opened)
+    first_batch_s: float | None
+    first_shard_s: float | None
     busy_fraction: float | None
     samples_per_busy_s: float | None
 
@@ -234,6 +238,14 @@ def tree_order(paths: Iterable[str]) -> list[str]:
 def worker_table(session: Session, wall_ns: int) -> list[WorkerRow]:
     rows: list[WorkerRow] = []
     opened = any(w.shards for w in session.workers.values())
+    # the first pass's iter(), on the clock the workers share (NOTE [ Shards a worker opened ]
+    # in collect/torch/dataset.py)
+    first, took = session.first_ready_ns, session.first_batch_ns
+    t_iter = first - took if first is not None and took is not None else None
+
+    def since(t_ns: int) -> float | None:
+        return round(max(0, t_ns - t_iter) / 1e9, 6) if t_ns and t_iter is not None else None
+
     for track, w in sorted(session.workers.items(), key=lambda kv: _worker_key(kv[0])):
         rows.append(
             {
@@ -248,6 +260,8 @@ def worker_table(session: Session, wall_ns: int) -> list[WorkerRow]:
                 "batches": w.batches,
                 "samples": w.samples,
                 "shards": w.shards if opened else None,
+                "first_batch_s": since(w.first_ready_ns),
+                "first_shard_s": since(w.first_shard_ns),
                 "busy_fraction": round(min(1.0, w.busy_ns / wall_ns), 6) if wall_ns else None,
                 "samples_per_busy_s": round(w.samples / (w.busy_ns / 1e9), 3)
                 if w.busy_ns

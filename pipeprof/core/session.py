@@ -70,6 +70,7 @@ Framework = Literal["torch", "tf"]
 IDS_KEPT = 1024  # NOTE [ Sample fingerprints ] in core/batch.py: fingerprints kept a worker
 WORKER_KEYS = (
     "pid", "busy_ns", "batches", "samples", "cpu_ns", "gc_ns", "gc_full", "gc_faults", "shards",
+    "first_shard_ns", "first_ready_ns",
 )  # fmt: skip
 
 
@@ -89,6 +90,8 @@ class WorkerRecord:
     gc_faults: int = 0
     # the WebDataset shards it opened (NOTE [ Shards a worker opened ] in collect/torch/dataset.py)
     shards: int = 0
+    first_shard_ns: int = 0  # when it opened its first (clock(); 0: none)
+    first_ready_ns: int = 0  # when its first batch was ready (clock(); 0: not known)
     # its first samples' fingerprints, in order (NOTE [ Sample fingerprints ] in core/batch.py):
     # an iterable dataset's, FINGERPRINT_PARTS a sample, IDS_KEPT at most
     ids: list[int] = field(default_factory=list)

@@ -259,7 +259,12 @@ def worker_bars(workers: list[dict[str, Any]]) -> str:
                 y + 13,
                 f"{pct(wk.get('busy_fraction'))} busy · "
                 f"{wk.get('batches')} batches · {num(wk.get('samples_per_busy_s'))}/s"
-                + (f" · {wk['shards']} shards" if wk.get("shards") is not None else ""),
+                + (f" · {wk['shards']} shards" if wk.get("shards") is not None else "")
+                + (
+                    f" · first shard at {num(wk['first_shard_s'])} s"
+                    if wk.get("first_shard_s") is not None
+                    else ""
+                ),
             )
         )
         y += 22

@@ -275,7 +275,23 @@ def workertable(data: dict[str, Any]) -> RenderableType | None:
             pct(w.get("busy_fraction")),
             bar(w.get("busy_fraction"), 10),
         )
-    return t
+    line = first_shards_line(rows) if shards else None
+    return t if line is None else Group(t, Text(line))
+
+
+def first_shards_line(rows: list[dict[str, Any]]) -> str | None:
+    """When each worker of a stream opened its first shard and had its first batch ready,
+    from the pass's ``iter()`` (NOTE [ Shards a worker opened ] in collect/torch/dataset.py)."""
+    said = []
+    for w in rows:
+        shard, batch = w.get("first_shard_s"), w.get("first_batch_s")
+        if shard is None and batch is None:
+            continue
+        said.append(f"{w.get('track')} {'none' if shard is None else num(shard)} / "
+                    f"{'—' if batch is None else num(batch)}")  # fmt: skip
+    if not said:
+        return None
+    return "  first shard opened / first batch ready, s after iter(): " + ", ".join(said)
 
 
 def private_memory_line(procs: list[dict[str, Any]]) -> str | None:

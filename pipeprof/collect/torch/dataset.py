@@ -558,8 +558,10 @@ class TimedIter:
 # each worker's ``shards`` (a forked worker starts again from 0: ``WorkerInit``; the training
 # process, at a profiled loader's first pass without workers: two such loaders profiled at once
 # would count each other's). A worker whose split of the shard list was empty opens none and
-# delivers no batch (``idle-workers``).
-SHARDS = [0]
+# delivers no batch (``idle-workers``). With the count goes when its first shard was opened
+# (``first_shard_ns``, the clock every process shares), which the report gives from the pass's
+# ``iter()``: a worker's start-up before its stream begins, apart from reading its first shard.
+SHARDS = [0, 0]  # the shards opened; clock() ns when the first was (0: none yet)
 
 
 class TimedOpen(TimedIter):
@@ -568,6 +570,8 @@ class TimedOpen(TimedIter):
     def __next__(self) -> Any:
         got = timed_call1(self.path, next, self.it)
         SHARDS[0] += 1
+        if not SHARDS[1]:
+            SHARDS[1] = clock()
         return got
 
 

@@ -497,7 +497,7 @@ class Collate:
         payload["probe_ns"] = probe_ns
         payload["probe_warm_ns"] = warm_ns
         if SHARDS[0]:  # NOTE [ Shards a worker opened ] in collect/torch/dataset.py
-            payload["shards"] = SHARDS[0]
+            payload["shards"], payload["first_shard_ns"] = SHARDS
         sketch = self.sketcher  # NOTE [ Index sketches ] in core/batch.py: a worker's, shipped
         if sketch is not None and sketch.version != self.shipped and _CPU_MARK[0]:
             self.shipped = sketch.version
@@ -616,7 +616,7 @@ class WorkerInit:
         _WORKER_AB[0] = 0  # NOTE [ Unprofiled batches ]: a fork inherits the parent's
         _ARM[0] = _OFF[0] = None
         _FULL_GC[:] = [0, 0, 0, 0, 0]  # NOTE [ A full collection after fork ]
-        SHARDS[0] = 0  # NOTE [ Shards a worker opened ] in collect/torch/dataset.py
+        SHARDS[:] = [0, 0]  # NOTE [ Shards a worker opened ] in collect/torch/dataset.py
         if _on_collect not in gc.callbacks:
             gc.callbacks.append(_on_collect)
         if self.nvtx or rec.ranges is not None:  # asked for, or inherited through fork
@@ -983,7 +983,7 @@ class ProfiledLoader:
         self._ends = epochs.PassEnds(clock())
         if self.passes == 1:
             if not self.loader.num_workers:  # NOTE [ Shards a worker opened ]: this profile's
-                SHARDS[0] = 0
+                SHARDS[:] = [0, 0]
             self.session.meta["sampler"] = epochs.sampler_facts(self.user_loader)
             # NOTE [ Copy-on-read ] in collect/torch/memory.py: what forked workers would copy
             self.session.meta["py_containers"] = memory.python_containers(self.user_loader.dataset)
@@ -1438,6 +1438,11 @@ class ProfiledLoader:
         w.batches += 1
         w.samples += payload["samples"]
         w.shards = max(w.shards, payload.get("shards", 0))  # counted over the process's life
+        if not w.first_ready_ns or ready < w.first_ready_ns:  # a track's first process's
+            w.first_ready_ns = ready
+        opened = payload.get("first_shard_ns", 0)
+        if opened and (not w.first_shard_ns or opened < w.first_shard_ns):
+            w.first_shard_ns = opened
         sketch = payload.get("sketch")  # NOTE [ Index sketches ] in core/batch.py
         if sketch is not None:
             got = array("I")
