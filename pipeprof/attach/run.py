@@ -551,7 +551,9 @@ class Run:
         """NOTE [ Persistent workers past the profile ] in attach/patches.py."""
         for twin in twins:
             kept = getattr(twin, "loader", None)
-            if getattr(kept, "persistent_workers", False) and getattr(kept, "_iterator", None):
+            # ``is not None``: an iterator's truth is its len(), which a stream may not have
+            it = getattr(kept, "_iterator", None)
+            if getattr(kept, "persistent_workers", False) and it is not None:
                 self.kept[twin.user_loader] = kept
 
     def kept_workers(self, loader: Any) -> Any:

@@ -394,15 +394,38 @@ class MapDatasetItems(MapDataset):
 
 
 class IterDataset(_Delegate, IterableDataset):  # type: ignore[type-arg]
-    """Times every ``next()`` on the user's iterable as ``load`` (``iter()`` goes to the first)."""
+    """Times every ``next()`` on the user's iterable as ``load`` (``iter()`` goes to the first).
+
+    For a torchdata StatefulDataLoader (``stateful``) the iterator is made at once and its state
+    stays reachable (NOTE [ A stateful loader, dressed ], case 5)."""
+
+    def __init__(self, dataset: Any, stateful: bool = False) -> None:
+        super().__init__(dataset)
+        object.__setattr__(self, "_stateful", stateful)
+        object.__setattr__(self, "_own_iter", False)  # the dataset is its own iterator
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _STATE_METHODS and self.__dict__.get("_own_iter"):
+            raise AttributeError(name)  # its state is the iterator's, saved once, as plain
+        return super().__getattr__(name)
 
     def __iter__(self) -> Iterator[Any]:
-        if timed_pipeline(self._inner):  # NOTE [ WebDataset pipelines ]: load is its steps'
+        if not self.__dict__.get("_stateful"):
+            return self._timed(None)
+        it = iter(self._inner)
+        object.__setattr__(self, "_own_iter", it is self._inner)
+        if timed_pipeline(self._inner):  # NOTE [ WebDataset pipelines ]: its steps are timed
+            return it  # type: ignore[no-any-return]
+        return TimedState(it) if _has_state(it) else self._timed(it)
+
+    def _timed(self, it: Iterator[Any] | None) -> Iterator[Any]:
+        if it is None and timed_pipeline(self._inner):  # NOTE [ WebDataset pipelines ]
             yield from self._inner
             return
         rec = recorder()
         frame = rec.open("load") if rec.enabled else None
-        it = iter(self._inner)
+        if it is None:
+            it = iter(self._inner)
         while True:
             if frame is None and rec.enabled:
                 frame = rec.open("load")
@@ -420,6 +443,46 @@ class IterDataset(_Delegate, IterableDataset):  # type: ignore[type-arg]
             yield item
 
 
+_STATE_METHODS = ("state_dict", "load_state_dict")  # torchdata's ``Stateful``
+
+
+def _has_state(it: Any) -> bool:
+    """Whether torchdata would save ``it``'s state (its ``Stateful`` protocol)."""
+    return all(callable(getattr(it, name, None)) for name in _STATE_METHODS)
+
+
+class TimedState:
+    """A stateful iterator's ``next()`` timed as ``load``; its ``state_dict()`` and
+    ``load_state_dict()`` are its own (NOTE [ A stateful loader, dressed ], case 5)."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it: Any) -> None:
+        self._it = it
+
+    def __iter__(self) -> TimedState:
+        return self
+
+    def __next__(self) -> Any:
+        rec = recorder()
+        if not rec.enabled:
+            return next(self._it)
+        frame = rec.open("load")
+        try:
+            item = next(self._it)
+        except BaseException:
+            rec.discard(frame)
+            raise
+        rec.close(frame, 1, detach=True)
+        return item
+
+    def state_dict(self) -> Any:
+        return self._it.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self._it.load_state_dict(state)
+
+
 class Collate:
     """Times ``collate_fn`` and ships the process's records with the batch it made."""
 
@@ -434,6 +497,8 @@ class Collate:
         # NOTE [ Unprofiled batches ]: the dataset copy's stand-ins and what they stand in for;
         # ``ab``, once set (``ProfiledLoader._arm_workers``), the workers' rule
         self.swaps = swaps if swaps is not None else []
+        # a torchdata StatefulDataLoader's (NOTE [ A stateful loader, dressed ])
+        self.stateful = False
         # NOTE [ Sample fingerprints ] in core/batch.py: the batches of an iterable dataset left
         # to fingerprint in this process (set as the fetcher is made: in each worker)
         self.ids_left = 0
@@ -449,7 +514,7 @@ class Collate:
             # workers' streams are compared, and in a distributed job each rank's
             if get_worker_info() is not None or self.sketch:
                 self.ids_left = IDS_BATCHES
-            return IterDataset(dataset)
+            return IterDataset(dataset, self.stateful)
         items = callable(getattr(dataset, "__getitems__", None))
         wrapped = (MapDatasetItems if items else MapDataset)(dataset)
         object.__setattr__(wrapped, "_swaps", self.swaps)
@@ -715,15 +780,18 @@ def timed_fns(loader: DataLoader, nvtx: bool, swaps: list[Any] | None = None,
 # 4. persistent workers go on packing carriers once profiling stopped: their batches are taken
 #    out of them (``unwrapped``, NOTE [ Persistent workers past the profile ] in
 #    attach/patches.py).
-# A subclass that overrides torchdata's iteration, or an iterable dataset (whose iterator's state
-# the snapshots save, which a timed iterator would hide), stays as it is: the wait per batch.
+# 5. an iterable dataset's iterator is made when the fetcher is (torchdata restores its state
+#    right after), not at the first ``next()``, so its ``iter()`` is in no stage. Where that
+#    iterator has a state (``state_dict``/``load_state_dict``) it is timed by a ``TimedState``,
+#    which forwards both, so the snapshots save and restore it as plain; where the dataset is
+#    its own iterator, the dataset's reader hides its methods, so its state is saved once, as
+#    plain. A WebDataset's own iterator is given as it is (its steps are timed).
+# A subclass that overrides torchdata's iteration stays as it is: the wait per batch.
 _TORCHDATA = "torchdata.stateful_dataloader."
 
 
 def dressable(loader: DataLoader) -> bool:
-    """A map-style loader whose own iteration is all torchdata's (NOTE above)."""
-    if isinstance(loader.dataset, IterableDataset):
-        return False
+    """A loader whose own iteration is all torchdata's (NOTE above)."""
     seen = False
     for cls in type(loader).__mro__:
         if cls is DataLoader:
@@ -1224,6 +1292,7 @@ class ProfiledLoader:
                                                            loader.worker_init_fn):  # fmt: skip
             _install_fetcher()  # NOTE [ The user's own dataset ]
             self._dress = timed_fns(loader, self.ranges is not None)
+            self._dress[0].stateful = True
 
     def _dressed_now(self, it: Any, prior: Any) -> None:
         """Whether the pass's iterator was made dressed (NOTE [ A stateful loader, dressed ]):
