@@ -655,6 +655,63 @@ def test_a_stateful_loader_over_a_stream_keeps_its_state_and_is_timed(tmp_path, 
     assert report["wait"]["split_known"]
 
 
+HF_STREAM = """
+import json, sys, time
+import torch
+from datasets import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+def slow(row):
+    time.sleep(0.004)
+    return row
+
+
+def make(workers, context):
+    rows = Dataset.from_dict({"x": list(range(64))}).to_iterable_dataset(num_shards=4)
+    return StatefulDataLoader(rows.map(slow).with_format("torch"), batch_size=4,
+                              num_workers=workers, multiprocessing_context=context,
+                              generator=torch.Generator().manual_seed(0))
+
+
+if __name__ == "__main__":
+    workers, context = int(sys.argv[1]), sys.argv[2]
+    context = context if workers else None
+    loader, seen = make(workers, context), []
+    for step, batch in enumerate(loader):
+        seen.append(batch["x"].tolist())
+        if step == 5:
+            state = loader.state_dict()
+            break
+    print(json.dumps(state, sort_keys=True, default=str))  # its own dicts' order varies
+    again = make(workers, context)
+    again.load_state_dict(state)
+    print(seen, [b["x"].tolist() for b in again])
+"""
+
+
+@pytest.mark.parametrize("workers,context", [(0, "-"), (2, "fork")])
+def test_a_hugging_face_stream_under_a_stateful_loader_resumes_as_plain(tmp_path, workers,
+                                                                         context):
+    """A Hugging Face streaming ``IterableDataset`` (4 shards, a 4 ms ``.map`` a row) in a
+    StatefulDataLoader: its snapshot (printed) is the dataset's own state, as plain's (NOTE [ A
+    stateful loader, dressed ], case 5), the resumed pass reads what plain's does, and ``load``
+    holds the map's 4 ms a sample."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    pytest.importorskip("datasets")
+    (tmp_path / "s.py").write_text(HF_STREAM)
+    args = ("s.py", str(workers), context)
+    plain = run(tmp_path, sys.executable, *args)
+    ran = run(tmp_path, sys.executable, "-m", "pipeprof", "run", "-q", "-o", "r.json", *args)
+    assert plain.returncode == ran.returncode == 0, ran.stderr
+    assert ran.stdout == plain.stdout and plain.stdout.count("[") > 12
+    assert "shard_example_idx" in plain.stdout  # the dataset's own state, in the snapshot
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["meta"]["loader"] == "StatefulDataLoader"
+    load = report["stages"]["load"]  # the map's 4 ms, and the stream's own start in its mean
+    assert load["per_sample_ms"] >= 4 * 0.8 and 4 * 0.8 <= load["p50_ms"] <= 4 * 1.6, load
+
+
 PERSISTENT = """
 import sys
 import torch
