@@ -8,6 +8,7 @@ import pytest
 # importing it first keeps any selection of tests (-k, single files) safe.
 import torchvision  # noqa: F401
 
+from pipeprof.collect.torch import hangs
 from pipeprof.core.recorder import recorder
 
 
@@ -23,8 +24,10 @@ def own_machine_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def nothing_leaks():
-    """Every test leaves no sampler thread alive and the recorder disabled and empty."""
+    """Every test leaves no sampler thread alive, no pass watched for hangs, and the recorder
+    disabled and empty. The process's hang watcher thread lives on (NOTE [ Hangs ])."""
     before = {t.name for t in threading.enumerate()}
+    watched = set(map(id, hangs.watching()))
     yield
     rec = recorder()
     assert not rec.enabled, "a profile left the recorder enabled"
@@ -33,9 +36,11 @@ def nothing_leaks():
     leaked = [
         t.name
         for t in threading.enumerate()
-        if t.name.startswith("pipeprof") and t.name not in before
+        if t.name.startswith("pipeprof") and t.name not in before and t.name != "pipeprof-hangs"
     ]
     assert not leaked, f"sampler threads left running: {leaked}"
+    left = [w for w in hangs.watching() if id(w) not in watched]
+    assert not left, f"passes still watched for hangs: {len(left)}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: it sees the ``serial`` marks added here

@@ -66,7 +66,9 @@ def wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
 
 
 def pipeprof_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("pipeprof")]
+    """pipeprof's threads but the process's hang watcher (NOTE [ Hangs ]), which lives on."""
+    ours = [t for t in threading.enumerate() if t.name.startswith("pipeprof")]
+    return [t for t in ours if t.name != "pipeprof-hangs"]
 
 
 # ---- n/a, query, mean_over_spans ----------------------------------------------------------------

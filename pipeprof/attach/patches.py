@@ -53,6 +53,7 @@ class Run(Protocol):
     pid: int  # the script's process: a process it forks is not profiled
     stopped: bool  # profiling is over: the patches call straight through
     sample_hz: float
+    hang_s: float  # NOTE [ Hangs ] in collect/torch/hangs.py; 0: not watched
     regions: bool  # Forward / Backward / Optimizer timed in the steps
     notes: list[str]
     maps: list[dict[str, Any]]  # ``Dataset.map`` calls (patch_datasets)
@@ -145,12 +146,13 @@ def patch_torch(run: Run) -> None:
     regions (attach/regions.py)."""
     from torch.utils.data import DataLoader
 
-    from pipeprof.collect.torch import resume
+    from pipeprof.collect.torch import hangs, resume
     from pipeprof.collect.torch.epochs import note_snapshot
     from pipeprof.collect.torch.loader import Collate, unwrapped
 
     if run.sample_hz:  # the host sampler's modules load with torch's, not in the first
         _load_samplers()  # pass's iter() (the loop's time): 5-25 ms
+    hangs.ready(run.hang_s)  # NOTE [ Hangs ]: its thread starts here, not in a pass's iter()
 
     orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
     resumes = resume.Resumes()  # NOTE [ Resumes ] in collect/torch/resume.py

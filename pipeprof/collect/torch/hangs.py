@@ -2,8 +2,10 @@
 while the job goes on (docs/findings.md#loop-hang).
 
 NOTE [ Hangs ]
-A watchdog thread for each pass of a profiled DataLoader (a daemon that holds the loader weakly,
-stopped as the pass ends) looks every POLL_S at the loader's count of batches. The longest gap
+A watch for each pass of a profiled DataLoader (it holds the loader weakly, and is dropped as
+the pass ends) is looked at every POLL_S by the process's one watchdog thread (a daemon,
+``Watcher``, started once before the loop: a thread's start costs the pass's ``iter()`` 1-8 ms
+on 2 busy cores). It reads the loader's count of batches. The longest gap
 between two batches it has seen (after the pass's first: the workers' start-up) sets the
 threshold: a gap
 HANG_FACTOR times as long, and at least ``hang_s`` (60 s unless the user says:
@@ -40,10 +42,13 @@ Nothing of it runs in the loop's own thread.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -80,8 +85,8 @@ def ready_stacks(folder: str | None) -> None:
 
 
 class Watchdog:
-    """The watchdog of one profiled DataLoader (NOTE [ Hangs ]). ``owner`` is the
-    ProfiledLoader: ``seen``, ``passes``, ``current()`` (the pass's torch iterator),
+    """One pass's watch (NOTE [ Hangs ]), looked at by the process's watcher thread. ``owner`` is
+    the ProfiledLoader: ``seen``, ``passes``, ``current()`` (the pass's torch iterator),
     ``thread_id`` (the training thread), ``session`` and ``on_hang``."""
 
     def __init__(self, owner: Any, hang_s: float, folder: str | None) -> None:
@@ -90,71 +95,68 @@ class Watchdog:
         self.folder = folder
         self.longest = 0.0
         self.reported = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="pipeprof-hangs", daemon=True)
-        self._thread.start()
+        self.stopped = False
+        self.last, self.since = owner.seen, time.monotonic()  # the pass's start: no batch yet
+        self.begun = False  # its first batch came (the gap before it is the workers' start-up)
+        self.due = self.since + POLL_S
+        _WATCHER.add(self)
 
     def stop(self) -> None:
-        """The profile is over: the thread ends (within a poll)."""
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * POLL_S)
+        """The pass is over: the watcher looks at it no more."""
+        self.stopped = True
+        _WATCHER.discard(self)
 
-    def _watch(self) -> None:
+    def poll(self, now: float) -> None:
+        """One look at the pass (on the watcher's thread); the next is due a poll later."""
+        self.due = now + (RESUME_POLL_S if self.reported else POLL_S)
         try:
-            self._watching()
+            self._look(now)
         except Exception as exc:  # the watchdog never breaks the job: it stops, and says so
+            self.stop()
             owner = self.owner()
             if owner is not None:
                 owner.session.notes.append(f"pipeprof: the hang watchdog stopped ({exc!r})")
 
-    def _watching(self) -> None:
+    def _look(self, now: float) -> None:
         owner = self.owner()
         if owner is None:
+            self.stop()
             return
-        last, since = owner.seen, time.monotonic()  # the pass's start: no batch yet
-        begun = False  # its first batch came (the gap before it is the workers' start-up)
-        del owner
-        while not self._stop.wait(RESUME_POLL_S if self.reported else POLL_S):
-            owner = self.owner()
-            if owner is None:
-                return
-            now = time.monotonic()
-            if owner.seen != last:
-                if begun:
-                    self.longest = max(self.longest, now - since)
-                if self.reported:
-                    hang = owner.session.meta.get("hang")
-                    if hang is not None and hang.get("resumed_s") is None:
-                        hang["resumed_s"] = round(now - since, 3)
-                last, since, begun, self.reported = owner.seen, now, True, False
-                continue
-            stalled = now - since
-            if self.reported or stalled < max(self.hang_s, HANG_FACTOR * self.longest):
-                continue
-            it = owner.current()
-            if it is None:
-                continue
-            if not _in_fetch(owner.thread_id, it):
-                self._stalled(owner, stalled, since)
-                continue
-            try:
-                record = self._record(owner, it, stalled, last)
-            except Exception as exc:  # the watchdog never breaks the job
-                self.reported = True
-                owner.session.notes.append(f"pipeprof: the hang could not be recorded ({exc!r})")
-                continue
-            if record is None:  # the batch came as it was being recorded: no hang
-                continue
+        if owner.seen != self.last:
+            if self.begun:
+                self.longest = max(self.longest, now - self.since)
+            if self.reported:
+                hang = owner.session.meta.get("hang")
+                if hang is not None and hang.get("resumed_s") is None:
+                    hang["resumed_s"] = round(now - self.since, 3)
+            self.last, self.since, self.begun, self.reported = owner.seen, now, True, False
+            return
+        stalled = now - self.since
+        if self.reported or stalled < max(self.hang_s, HANG_FACTOR * self.longest):
+            return
+        it = owner.current()
+        if it is None:
+            return
+        if not _in_fetch(owner.thread_id, it):
+            self._stalled(owner, stalled, self.since)
+            return
+        try:
+            record = self._record(owner, it, stalled, self.last)
+        except Exception as exc:  # the watchdog never breaks the job
             self.reported = True
-            record["last_batch_unix"] = round(time.time() - (time.monotonic() - since), 3)
-            owner.session.meta.setdefault("hang", record)
-            if owner.on_hang is not None:  # the snapshot first: the line says it is there
-                try:
-                    owner.on_hang()
-                except Exception as exc:
-                    owner.session.notes.append(f"pipeprof: the hang's snapshot failed ({exc!r})")
-            print(_line(record), file=sys.stderr, flush=True)
+            owner.session.notes.append(f"pipeprof: the hang could not be recorded ({exc!r})")
+            return
+        if record is None:  # the batch came as it was being recorded: no hang
+            return
+        self.reported = True
+        record["last_batch_unix"] = round(time.time() - (time.monotonic() - self.since), 3)
+        owner.session.meta.setdefault("hang", record)
+        if owner.on_hang is not None:  # the snapshot first: the line says it is there
+            try:
+                owner.on_hang()
+            except Exception as exc:
+                owner.session.notes.append(f"pipeprof: the hang's snapshot failed ({exc!r})")
+        print(_line(record), file=sys.stderr, flush=True)
 
     def _stalled(self, owner: Any, stalled: float, since: float) -> None:
         """No batch for as long, the training thread elsewhere than the fetch: where it is, kept
@@ -410,8 +412,88 @@ def _line(record: dict[str, Any]) -> str:
     return head + " (the report has every worker's stack)"
 
 
+class Watcher:
+    """The process's one watchdog thread (NOTE [ Hangs ]): it looks at each pass's watch when
+    that is due. Started once, out of the loop (``ready``); a pass's start and end only add and
+    remove its watch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: list[Watchdog] = []
+        self._thread: threading.Thread | None = None
+
+    def ready(self) -> None:
+        """The thread runs in this process."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._run, name="pipeprof-hangs", daemon=True)
+            self._thread.start()
+
+    def forked(self) -> None:
+        """In a forked child: none of its parent's watches, nor its thread, came along."""
+        self._lock = threading.Lock()
+        self._watches = []
+        self._thread = None
+
+    def add(self, watch: Watchdog) -> None:
+        self.ready()
+        with self._lock:
+            self._watches.append(watch)
+
+    def discard(self, watch: Watchdog) -> None:
+        with self._lock:
+            if watch in self._watches:
+                self._watches.remove(watch)
+
+    def watching(self) -> list[Watchdog]:
+        """The passes watched now."""
+        with self._lock:
+            return list(self._watches)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                watches = list(self._watches)
+            now = time.monotonic()
+            for watch in watches:
+                if not watch.stopped and watch.due <= now:
+                    watch.poll(now)
+            due = min((w.due for w in watches if not w.stopped), default=now + POLL_S)
+            time.sleep(min(POLL_S, max(0.0, due - time.monotonic())) or 0.001)
+
+
+_WATCHER = Watcher()
+os.register_at_fork(after_in_child=_WATCHER.forked)
+
+
+_STACKS: list[str] = []  # the process's folder for the workers' stack files
+
+
+def stack_folder() -> str:
+    """The folder the workers' stack files go to: one a process, removed at its exit."""
+    if not _STACKS:
+        folder = tempfile.mkdtemp(prefix="pipeprof-stacks-")
+        atexit.register(shutil.rmtree, folder, True)
+        _STACKS.append(folder)
+    return _STACKS[0]
+
+
+def watching() -> list[Watchdog]:
+    """The passes the watcher looks at now."""
+    return _WATCHER.watching()
+
+
+def ready(hang_s: float | None) -> None:
+    """The watcher's thread started, and the stacks' folder made, ahead of the loop where hangs
+    are watched: a pass's ``iter()`` then does neither (NOTE [ Hangs ])."""
+    if hang_s:
+        _WATCHER.ready()
+        stack_folder()
+
+
 def watch(owner: Any, hang_s: float | None, folder: str | None) -> Watchdog | None:
-    """A watchdog for ``owner`` (NOTE [ Hangs ]); None where hangs are not watched."""
+    """A watch of ``owner``'s pass (NOTE [ Hangs ]); None where hangs are not watched."""
     if not hang_s:
         return None
     return Watchdog(owner, float(hang_s), folder)

@@ -30,7 +30,6 @@ batches of an epoch, until every worker has delivered one, are start-up and kept
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import gc
@@ -39,10 +38,8 @@ import linecache
 import multiprocessing
 import os
 import resource
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -888,6 +885,7 @@ class ProfiledLoader:
         self.on_hang: Callable[[], None] | None = None
         self._current: Any = None  # the pass's torch iterator, by a weak reference
         self._watchdog: hangs.Watchdog | None = None
+        hangs.ready(hang_s)  # the watcher's thread, out of the pass's iter()
         self.stage_every = stage_every  # NOTE [ Unprofiled batches ]
         self.seen = 0  # batches yielded over all passes
         # NOTE [ The live view ] in collect/live.py: the loop's wait so far, and the part of it
@@ -1455,9 +1453,9 @@ class ProfiledLoader:
             return
         init = self._dress[1] if self._dress is not None else self.loader.worker_init_fn
         if self.loader.num_workers and isinstance(init, WorkerInit):
-            init.stacks = _stack_folder()
+            init.stacks = hangs.stack_folder()
         self.stop_watch()
-        self._watchdog = hangs.watch(self, self.hang_s, _stack_folder())
+        self._watchdog = hangs.watch(self, self.hang_s, hangs.stack_folder())
 
     def stop_watch(self) -> None:
         """The pass is over: its hang watchdog stops (NOTE [ Hangs ] in hangs.py)."""
@@ -1615,18 +1613,6 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 # dropping a generator did. Not with persistent workers (the twin keeps its iterator from pass
 # to pass, so a pass left early would end only at the next one), nor with an iterator class
 # whose ``__next__`` is not torch's: those passes are generators, as ``Profiler.wrap``'s are.
-_STACKS: list[str] = []  # NOTE [ Hangs ] in hangs.py: the process's folder for stack files
-
-
-def _stack_folder() -> str:
-    """The folder the workers' stack files go to: one a process, removed at its exit."""
-    if not _STACKS:
-        folder = tempfile.mkdtemp(prefix="pipeprof-stacks-")
-        atexit.register(shutil.rmtree, folder, True)
-        _STACKS.append(folder)
-    return _STACKS[0]
-
-
 def _answerable(it: Any) -> bool:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
