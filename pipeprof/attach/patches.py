@@ -148,11 +148,12 @@ def patch_torch(run: Run) -> None:
 
     from pipeprof.collect.torch import hangs, resume
     from pipeprof.collect.torch.epochs import note_snapshot
-    from pipeprof.collect.torch.loader import Collate, unwrapped
+    from pipeprof.collect.torch.loader import Collate, cache_sources, unwrapped
 
     if run.sample_hz:  # the host sampler's modules load with torch's, not in the first
         _load_samplers()  # pass's iter() (the loop's time): 5-25 ms
     hangs.ready(run.hang_s)  # NOTE [ Hangs ]: its thread starts here, not in a pass's iter()
+    cache_sources(__name__, "pipeprof.attach.passes", "pipeprof.profiler", Collate.__module__)
 
     orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
     resumes = resume.Resumes()  # NOTE [ Resumes ] in collect/torch/resume.py
