@@ -211,10 +211,18 @@ class S3fsObjects(S3Objects):
         return torch.tensor([len(data), data[0]])
 
 
+class _Server(ThreadingHTTPServer):
+    """A listen backlog an object store's front end would have: socketserver's 5 drops the
+    connections of 2 workers x 8 requests in flight made at once, which then wait for the
+    client's retry (about 1 s)."""
+
+    request_queue_size = 128
+
+
 @contextmanager
 def server() -> Iterator[str]:
     """A server on 127.0.0.1 for the block; yields its base URL."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv = _Server(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:

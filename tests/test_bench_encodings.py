@@ -346,3 +346,66 @@ def with_cpu(model, factor):
     return replace(model, stages=stages, send_ms=model.send_ms * factor,
                    collate_cpu_ms=model.collate_cpu_ms * factor,
                    collate_wall_ms=model.collate_wall_ms + extra)  # fmt: skip
+
+
+# ---- a latency-bound fetch: objects that hold more samples, requests in flight ---------------
+
+LAYOUTS = {"objects of 8 samples": ("samples_per_request", 8),
+           "objects of 32 samples": ("samples_per_request", 32),
+           "objects of 128 samples": ("samples_per_request", 128),
+           "2 requests in flight": ("requests_in_flight", 2),
+           "4 requests in flight": ("requests_in_flight", 4),
+           "8 requests in flight": ("requests_in_flight", 8)}  # fmt: skip
+
+
+def test_a_latency_bound_fetch_gets_rows_for_larger_objects_and_requests_in_flight():
+    """By construction: each sample is one request that waits LATENCY_S for its first byte, then
+    a 64 kB body at once. The rows share that wait as NOTE [ Larger objects and requests in
+    flight, benched ] says, and nothing else of the load changes."""
+    from netdata import BODY, LATENCY_S, Remote, server
+
+    with server() as url:
+        e = pipeprof.bench_encodings(Remote(url, 32), samples=16, workers=2, batch_size=8,
+                                     kinds=["npy"], **FAST)  # fmt: skip
+    f = e["fetch"]
+    assert f["samples"] == 16 and f["requests_per_sample"] == 1
+    assert f["bytes_per_sample"] == BODY
+    assert LATENCY_S * 1e3 <= f["latency_ms"] < LATENCY_S * 1e3 + 15
+    assert f["read_ms"] < f["latency_ms"] / 4
+    rows = rows_of(e)
+    assert {n for n, r in rows.items() if r.get("layout")} == set(LAYOUTS)
+    cur = e["rows"][0]
+    load_now = next(s for s in e.models[cur["encoding"]].stages if s.path == "load")
+    for name, (key, size) in LAYOUTS.items():
+        row = rows[name]
+        assert row["layout"][key] == size and row["quality"] == "lossless: the same bytes"
+        keep = 1 / size
+        load = next(s for s in e.models[name].stages if s.path == "load")
+        assert load.wall_ms == pytest.approx(load_now.wall_ms - f["latency_ms"] * (1 - keep),
+                                             abs=2e-3)  # fmt: skip
+        assert load.cpu_ms == load_now.cpu_ms  # the client's work is not counted out
+        assert row["layout"]["fetch_ms"] == pytest.approx(f["latency_ms"] * keep + f["read_ms"],
+                                                          abs=1e-3)  # fmt: skip
+    rate = {n: rows[n]["predicted_samples_per_s"] for n in LAYOUTS}
+    assert rate["objects of 8 samples"] > 2 * cur["predicted_samples_per_s"]
+    flying = [rate[f"{n} requests in flight"] for n in (2, 4, 8)]
+    assert flying == sorted(flying) and len(set(flying)) == 3
+    text = e.render("text", width=160)
+    assert "objects of 32 samples" in text and "waiting for the first byte" in text
+
+
+def test_a_fetch_that_is_mostly_its_bodies_gets_no_layout_rows(jpegs):
+    """Near misses: the headers come at once and the body in 16 parts 1.5 ms apart (the wait
+    for the first byte is a small part of the fetch), and a dataset that fetches nothing."""
+    from netdata import Remote, server
+
+    with server() as url:
+        e = pipeprof.bench_encodings(Remote(url + "slow/", 16), samples=8, workers=2,
+                                     batch_size=8, kinds=["npy"], **FAST)  # fmt: skip
+    f = e["fetch"]
+    assert f["requests_per_sample"] == 1 and f["read_ms"] > 2 * f["latency_ms"]
+    assert not [r for r in e["rows"] if r.get("layout")]
+    assert any("no layout rows" in note for note in e["notes"])
+    local = pipeprof.bench_encodings(datasets.ImageFolder(str(jpegs), transform=chain()),
+                                     samples=4, kinds=["npy"], **FAST)  # fmt: skip
+    assert local["fetch"] is None and not [r for r in local["rows"] if r.get("layout")]

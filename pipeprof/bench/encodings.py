@@ -36,6 +36,7 @@ from pipeprof.bench.codecs import (
     refuses,
     write,
 )
+from pipeprof.bench.fetch import Fetched, fetched, label, layouts
 from pipeprof.bench.isolation import (
     StageResult,
     _passes,
@@ -141,11 +142,14 @@ def bench_encodings(
         k = workers if workers is not None else (loader_workers or b.default_workers)
         with one_thread(), tempfile.TemporaryDirectory(prefix="pipeprof-encodings-") as tmp:
             rows, models = measure(b, got, k, tmp, (repeat, warmup, seed), kinds or KINDS)
+        net = fetched(source, indices)
+        if net is not None:
+            network_rows(rows, models, b, net, k, got.current)
     finally:
         for fn in got.current.closers:
             fn()
     anchor = anchored(rows, source, indices, k, b, seconds, loader_context(target), seed)
-    result = Encodings(rows, models, k, b, got.current, anchor)
+    result = Encodings(rows, models, k, b, got.current, anchor, net)
     result.config = {"samples": len(indices), "repeat": repeat, "warmup": warmup, "seed": seed,
                      "workers": k, "batch_size": b.batch_size, "seconds": seconds,
                      "source": type(source).__name__}  # fmt: skip
@@ -290,6 +294,26 @@ def measure(
     return rows, models
 
 
+def network_rows(
+    rows: list[dict[str, Any]],
+    models: dict[str, whatif.Model],
+    b: Bench,
+    net: Fetched,
+    k: int,
+    cur: Current,
+) -> None:
+    """A row for each layout of the fetch (objects that hold more samples, requests in flight:
+    NOTE [ Larger objects and requests in flight, benched ] in bench/fetch.py)."""
+    for layout, model in layouts(b.model, net, b.batch_size):
+        name = label(layout)
+        load = next(s for s in model.stages if s.path == "load")
+        row = _row(name, False, model, k, (load.wall_ms, load.cpu_ms, None),
+                   cur.bytes_per_sample, None)  # fmt: skip
+        row.update(quality="lossless: the same bytes", lossy=False, layout=layout)
+        rows.append(row)
+        models[name] = model
+
+
 def _candidate(
     b: Bench,
     got: Captured,
@@ -424,6 +448,7 @@ class Encodings(Result):
         cur: how the samples are stored now.
         anchor: the real DataLoader run the predictions are scaled to (NOTE [ Anchored to a
             real run ]); None: none.
+        fetch: what the samples' network reads took (bench/fetch.py); None: no request.
     """
 
     def __init__(
@@ -434,9 +459,11 @@ class Encodings(Result):
         b: Bench,
         cur: Current,
         anchor: dict[str, Any] | None = None,
+        fetch: Fetched | None = None,
     ) -> None:
         self.rows, self.models, self.workers, self.bench = rows, models, workers, b
         self.anchor = anchor or {}
+        self.fetch = fetch.to_dict() if fetch is not None else None
         self.config: dict[str, Any] = {}
         self.notes: list[str] = []
         a = self.anchor
@@ -470,6 +497,19 @@ class Encodings(Result):
             self.notes.append(
                 f"presized: shorter side {sized['presize']} px ({sized['presize_basis']}); the "
                 "transforms then have less to do, and the detail above that size is gone"
+            )
+        f = self.fetch
+        if f is not None:
+            layout = any(r.get("layout") for r in rows)
+            self.notes.append(
+                f"the load fetches over the network: {f['requests_per_sample']:g} "
+                f"request{'' if f['requests_per_sample'] == 1 else 's'} a sample, "
+                f"{f['latency_ms']:.1f} ms waiting for the first byte and {f['read_ms']:.1f} ms "
+                "reading the body, a sample"
+                + ("; 'objects of N samples' (shards of that size) and 'N requests in flight' "
+                   "(a worker's pool) share that wait, the bytes and their reading unchanged"
+                   if layout else
+                   "; the wait for the first byte is under half of it: no layout rows")
             )
         self.notes.append("PSNR: the worst sample's, against the samples as decoded now")
         if cur.reader is None:
@@ -506,6 +546,7 @@ class Encodings(Result):
             "rows": self.rows,
             "best": self.best,
             "anchor": self.anchor,
+            "fetch": self.fetch,
             "notes": [*self.bench.notes, *self.notes],
         }
 

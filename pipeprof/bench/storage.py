@@ -72,7 +72,7 @@ def capture(dataset: Any, indices: list[int]) -> Captured:
         if len(hits) == len(reads) and len({_h5_key(r[0]) for r in hits}) == 1:
             return _h5_captured(hits, steps)  # while the copy's file is open
     finally:
-        _close_opened(copy_, dataset)
+        close_opened(copy_, dataset)
     arrays = [_array(x, i) for x, i in zip(samples, indices)]
     like = _like(samples[0])
     paths = image_paths(dataset, indices)
@@ -188,7 +188,7 @@ def _file_current(paths: list[str], like: Callable[[Any], Any]) -> Current:
     return Current(f"{label} files", kind, quality, ImageReader(like), list(paths), size)
 
 
-def _close_opened(copy_: Any, dataset: Any) -> None:
+def close_opened(copy_: Any, dataset: Any) -> None:
     """Close h5py files that reading through the copy opened (a lazily opened ``self.f``)."""
     h5py = sys.modules.get("h5py")
     if h5py is None or copy_ is dataset:
