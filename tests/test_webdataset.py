@@ -229,3 +229,25 @@ def test_each_worker_s_first_shard_and_first_batch_are_timed_from_iter(shard_fil
     alone = pipeprof.profile(DataLoader(data, batch_size=8)).to_dict()
     (main,) = alone["workers"]
     assert 0 < main["first_shard_s"] < main["first_batch_s"] <= alone["startup_s"] + 1e-3
+
+
+def test_a_webdataset_in_torchdatas_stateful_loader_gets_the_same_stages():
+    """The pipeline of the first test in a ``StatefulDataLoader`` (2 forked workers): the same
+    batches as plain, each step a stage with the fetch inside the tar's reading, each worker's
+    shards counted and its first shard timed (NOTE [ A stateful loader, dressed ], case 5)."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    with server() as url:
+        loader = stateful.StatefulDataLoader(pipeline(url), batch_size=8, num_workers=2,
+                                             multiprocessing_context="fork")  # fmt: skip
+        plain, got, prof = plain_and_profiled(loader)
+    assert len(got) == 4 * SHARD_SAMPLES // 8 and same_batches(plain, got)
+    report = prof.report().to_dict()
+    stages = report["stages"]
+    for step in ("open", "tar_file_expander", "group_by_keys", "decode", "to_tuple", "map_tuple"):
+        assert f"load/{step}" in stages, sorted(stages)
+    assert stages["load/tar_file_expander/fetch"]["total_s"] >= 4 * 0.020
+    assert MAP_MS <= stages["load/map_tuple"]["per_sample_ms"] <= 3 * MAP_MS
+    assert "collate" in stages
+    rows = {w["id"]: w for w in report["workers"]}
+    assert {i: rows[i]["shards"] for i in (0, 1)} == {0: 2, 1: 2}
+    assert all(0 < rows[i]["first_shard_s"] < rows[i]["first_batch_s"] for i in (0, 1))

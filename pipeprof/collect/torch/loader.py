@@ -59,6 +59,7 @@ from pipeprof.collect.torch.dataset import (
     SHARDS,
     apply_marks,
     instrument_dataset,
+    steps_timed,
     stream_facts,
     timed_pipeline,
 )
@@ -409,9 +410,12 @@ class IterDataset(_Delegate, IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:
         if not self.__dict__.get("_stateful"):
             return self._timed(None)
-        it = iter(self._inner)
+        # a WebDataset's steps timed on a copy (NOTE [ WebDataset pipelines ]), where the
+        # snapshots keep no state of the dataset's that the copy would hold apart
+        source = self._inner if _has_state(self._inner) else steps_timed(self._inner)
+        it = iter(source)
         object.__setattr__(self, "_own_iter", it is self._inner)
-        if timed_pipeline(self._inner):  # NOTE [ WebDataset pipelines ]: its steps are timed
+        if timed_pipeline(source):  # its steps are timed: ``load`` is theirs
             return it  # type: ignore[no-any-return]
         return TimedState(it) if _has_state(it) else self._timed(it)
 
@@ -782,7 +786,8 @@ def timed_fns(loader: DataLoader, nvtx: bool, swaps: list[Any] | None = None,
 #    iterator has a state (``state_dict``/``load_state_dict``) it is timed by a ``TimedState``,
 #    which forwards both, so the snapshots save and restore it as plain; where the dataset is
 #    its own iterator, the dataset's reader hides its methods, so its state is saved once, as
-#    plain. A WebDataset's own iterator is given as it is (its steps are timed).
+#    plain. A WebDataset pipeline (no state of its own) is iterated through a copy whose steps
+#    are timed (``steps_timed``), as a rebuilt loader's is.
 # A subclass that overrides torchdata's iteration stays as it is: the wait per batch.
 _TORCHDATA = "torchdata.stateful_dataloader."
 
