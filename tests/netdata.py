@@ -351,16 +351,18 @@ def _get(url: str) -> bytes:
 
 
 class Local(Dataset):  # type: ignore[type-arg]
-    """The near miss: the same samples and work from a local file, no network."""
+    """The near miss: the same samples and work from a local file, no network (``client``:
+    ``open``, or ``fsspec``: ``fsspec.open`` of its ``file://`` URL)."""
 
-    def __init__(self, path: str, n: int = 32) -> None:
-        self.path, self.n = path, n
+    def __init__(self, path: str, n: int = 32, client: str = "open") -> None:
+        self.path, self.n, self.client = path, n, client
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        with open(self.path, "rb") as f:
+        opened = fsspec.open("file://" + self.path) if self.client == "fsspec" else None
+        with opened if opened is not None else open(self.path, "rb") as f:
             data = f.read()
         time.sleep(0.005)
         return torch.tensor([len(data), data[0]])

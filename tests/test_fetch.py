@@ -212,6 +212,22 @@ def test_local_reads_have_no_fetch_stage(tmp_path):
     report = _profile(Local(str(path), N), 2, "fork")
     d = report.to_dict()
     assert "load/fetch" not in d["stages"] and "fetch" not in d
+    assert "load/read" not in d["stages"]
+    assert "network reads" not in report.render("text")
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_local_files_through_fsspec_are_the_read_stage(tmp_path, workers, context):
+    """fsspec's local files (NOTE [ fsspec's async filesystems ], 8): each sample's read is
+    ``load/read``, not a fetch, and no network section; plain ``open()`` gets no such stage
+    (the test above)."""
+    path = tmp_path / "sample.bin"
+    path.write_bytes(b"\x07" * BODY)
+    report = _profile(Local(str(path), N, "fsspec"), workers, context)
+    d = report.to_dict()
+    assert "load/fetch" not in d["stages"] and "fetch" not in d
+    read = d["stages"]["load/read"]
+    assert read["count"] == N and 0 < read["per_sample_ms"] < d["stages"]["load"]["per_sample_ms"]
     assert "network reads" not in report.render("text")
 
 

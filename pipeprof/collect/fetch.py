@@ -53,6 +53,9 @@ over ``aiohttp``, while the thread that asked waits in ``fsspec.asyn.sync``:
    ``response.content``) is counted as 5's are.
 A body another client streams through ``response.content`` is in the fetch's time, not counted
 as a read.
+8. fsspec's local files (``LocalFileOpener.read`` and ``readline``: ``file://`` URLs and plain
+   paths through ``fsspec.open`` or a ``"file"`` filesystem) are no network: each read is the
+   relative stage ``read`` (``load/read``), as an h5py read is, not counted per host.
 
 Each is patched where its module is imported when the patches are installed: in the training
 process at each pass; in a worker at its start, where ``fsspec`` is imported (its ``asyn``
@@ -294,6 +297,31 @@ def _aiobotocore_body() -> Any:
     return None if module is None else getattr(module, "AioStreamingBody", None)
 
 
+def _fsspec_local() -> Any:
+    module = sys.modules.get("fsspec.implementations.local")
+    return None if module is None else module.LocalFileOpener
+
+
+def _local_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A local file's read through fsspec: ``read``, not ``fetch`` (NOTE [ fsspec's async
+    filesystems ], 8)."""
+    return _read_local(LOCAL.orig["read"], self, args, kwargs)
+
+
+def _local_readline(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return _read_local(LOCAL.orig["readline"], self, args, kwargs)
+
+
+def _read_local(orig: Any, f: Any, args: Any, kwargs: Any) -> Any:
+    if not piped():
+        return orig(f, *args, **kwargs)
+    frame, t0 = open_stage("read")
+    try:
+        return orig(f, *args, **kwargs)
+    finally:
+        close_stage(frame, t0)
+
+
 def _wds_pipe() -> Any:
     module = sys.modules.get("webdataset.gopen")
     return None if module is None else module.Pipe
@@ -380,3 +408,6 @@ HTTP = ClassPatch(
      (functools.partial(_fsspec_http, "HTTPStreamFile"), "read", _stream_read)]
 )  # fmt: skip
 BOTO = ClassPatch([(_aiobotocore_body, "read", _s3_body)])
+LOCAL = ClassPatch(
+    [(_fsspec_local, "read", _local_read), (_fsspec_local, "readline", _local_readline)]
+)  # fmt: skip

@@ -263,7 +263,7 @@ _FETCHER: list[Any] = [None]  # torch's create_fetcher, once patched
 # reads, http.client's requests, WebDataset's shard streams, fsspec's async filesystems (s3fs's
 # bodies through aiobotocore among them), Hugging Face tokenizer calls
 READS = (hdf5.PATCH, netreads.PATCH, netreads.PIPES, netreads.SYNC, netreads.AIO, netreads.HTTP,
-         netreads.BOTO, tokenizer.PATCH)  # fmt: skip
+         netreads.BOTO, netreads.LOCAL, tokenizer.PATCH)  # fmt: skip
 
 
 def _install_fetcher() -> None:
@@ -695,7 +695,8 @@ class WorkerInit:
             except ImportError:
                 pass
         if "fsspec" in sys.modules:  # NOTE [ fsspec's async filesystems ] in collect/fetch.py
-            import fsspec.asyn  # noqa: F401
+            import fsspec.asyn
+            import fsspec.implementations.local  # noqa: F401  (its files: 8 there)
         netreads.LATE[0] = True
         for patch in READS:  # for the worker's life: the process is the profiled loader's own
             patch.install()
@@ -757,8 +758,9 @@ def timed_fns(loader: DataLoader, nvtx: bool, swaps: list[Any] | None = None,
     """Pipeprof's ``collate_fn`` and ``worker_init_fn`` around ``loader``'s own."""
     per_sample = loader.batch_size is None and loader.batch_sampler is None
     base = probe_base() if loader.num_workers else None  # measured here, once a process
-    if "fsspec" in sys.modules:  # once: forked workers inherit it (NOTE [ fsspec's async
-        import fsspec.asyn  # noqa: F401  (filesystems ] in collect/fetch.py)
+    if "fsspec" in sys.modules:  # once: forked workers inherit them (NOTE [ fsspec's async
+        import fsspec.asyn  # filesystems ] in collect/fetch.py)
+        import fsspec.implementations.local  # noqa: F401
     return (
         Collate(loader.collate_fn, per_sample, swaps),
         WorkerInit(loader.worker_init_fn, "h5py" in sys.modules, nvtx, base, swaps, marks),
