@@ -4,6 +4,8 @@ in the training process and in fork and spawn workers; a local-file near miss.""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from netdata import (
@@ -242,6 +244,51 @@ def test_the_latency_histogram_is_read_by_its_bucket_bounds():
     assert analyze_fetch.quantile_bound(hist, 0.95) == 16.0
     hist[-1] = 100  # past the last bound: not known
     assert analyze_fetch.quantile_bound(hist, 0.95) is None
+
+
+MAP_MS = 3.0
+
+
+def slow_row(row):  # type: ignore[no-untyped-def]
+    """The user's map: 3 ms a row."""
+    time.sleep(MAP_MS / 1e3)
+    return row
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize(("workers", "shuffled"), [(0, True), (2, True), (2, False)])
+def test_each_step_of_a_hugging_face_stream_is_a_stage(workers, shuffled):
+    """NOTE [ A Hugging Face stream's steps ]: 4 JSON-lines files over HTTP (20 ms before each
+    answer), a 3 ms ``.map`` a row, a shuffle buffer of 16, torch formatting. Each step is its
+    own stage: the files' reading with its fetch inside, the map at its 3 ms a row, the shuffle
+    buffer at its own small cost, the rows formatted; the wait for the shards' threads apart.
+    The batches are plain's. Near miss: without ``.shuffle`` there is no shuffle stage."""
+    import datasets
+
+    with server() as url:
+        files = [f"{url}rows-{i}.jsonl" for i in range(4)]
+        ds = datasets.load_dataset("json", data_files=files, streaming=True, split="train")
+        ds = ds.map(slow_row)
+        if shuffled:
+            ds = ds.shuffle(seed=0, buffer_size=16)
+        loader = DataLoader(ds.with_format("torch"), batch_size=8, num_workers=workers)
+        plain = [b["x"] for b in loader]
+        prof = pipeprof.Profiler(sample_hz=0)
+        with prof:
+            got = [b["x"] for b in prof.wrap(loader)]
+    assert len(got) == len(plain) == 4 * ROWS // 8
+    assert all(torch.equal(a, b) for a, b in zip(plain, got))
+    stages = prof.report().to_dict()["stages"]
+    assert MAP_MS <= stages["load/map/slow_row"]["per_sample_ms"] <= 2 * MAP_MS
+    assert stages["load/map/slow_row"]["count"] >= 4 * ROWS
+    read, fetch = stages["load/read"], stages["load/read/fetch"]
+    assert fetch["total_s"] >= 4 * LATENCY_S and read["total_s"] >= fetch["total_s"]
+    assert stages["load/format"]["count"] >= 4 * ROWS
+    if shuffled:  # the shards read on threads of their own: the wait for them apart
+        assert "load/interleave" in stages
+        assert stages["load/shuffle"]["per_sample_ms"] < MAP_MS / 10
+    else:
+        assert "load/shuffle" not in stages
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -54,7 +54,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from pipeprof.collect import fetch as netreads
 from pipeprof.collect import hdf5, ranks, tokenizer
 from pipeprof.collect.loop import HANG_S
-from pipeprof.collect.torch import epochs, hangs, memory, shm
+from pipeprof.collect.torch import epochs, hangs, hfstream, memory, shm
 from pipeprof.collect.torch.dataset import (
     SHARDS,
     apply_marks,
@@ -263,7 +263,7 @@ _FETCHER: list[Any] = [None]  # torch's create_fetcher, once patched
 # reads, http.client's requests, WebDataset's shard streams, fsspec's async filesystems (s3fs's
 # bodies through aiobotocore among them), Hugging Face tokenizer calls
 READS = (hdf5.PATCH, netreads.PATCH, netreads.PIPES, netreads.SYNC, netreads.AIO, netreads.HTTP,
-         netreads.BOTO, netreads.LOCAL, tokenizer.PATCH)  # fmt: skip
+         netreads.BOTO, netreads.LOCAL, *hfstream.PATCHES, tokenizer.PATCH)  # fmt: skip
 
 
 def _install_fetcher() -> None:
