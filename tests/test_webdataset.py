@@ -42,6 +42,22 @@ def user_view(worker_id: int) -> None:
     assert isinstance(steps[-1], wds.filters.FilterFunction)
 
 
+def steps_profiled(make_loader):  # type: ignore[no-untyped-def]
+    """The loader ``make_loader(url)`` makes over ``pipeline``, plain and profiled: the same
+    batches, each step a stage, the fetch inside the tar's reading, the map at its 3 ms a
+    sample; the report."""
+    with server() as url:
+        plain, got, prof = plain_and_profiled(make_loader(url))
+    assert len(got) == 4 * SHARD_SAMPLES // 8 and same_batches(plain, got)
+    report = prof.report().to_dict()
+    stages = report["stages"]
+    for step in ("open", "tar_file_expander", "group_by_keys", "decode", "to_tuple", "map_tuple"):
+        assert f"load/{step}" in stages, sorted(stages)
+    assert stages["load/tar_file_expander/fetch"]["total_s"] >= 4 * 0.020
+    assert MAP_MS <= stages["load/map_tuple"]["per_sample_ms"] <= 3 * MAP_MS
+    return report
+
+
 @pytest.mark.timing
 @pytest.mark.parametrize("context", [None, "spawn"])
 def test_each_step_of_a_webdataset_is_a_stage(context):
@@ -49,20 +65,12 @@ def test_each_step_of_a_webdataset_is_a_stage(context):
     sample: ``load`` is the sum of its steps, ``fetch`` sits in the step that reads the tar,
     the map is ``load/map_tuple`` and limits the loader; the samples are the plain loader's."""
     kw = {"num_workers": 2, "multiprocessing_context": context, "worker_init_fn": user_view}
-    with server() as url:
-        loader = DataLoader(pipeline(url), batch_size=8, **(kw if context else {}))
-        plain, got, prof = plain_and_profiled(loader)
-    assert len(got) == 4 * SHARD_SAMPLES // 8 and same_batches(plain, got)
-    report = prof.report().to_dict()
+    report = steps_profiled(lambda url: DataLoader(pipeline(url), batch_size=8,
+                                                   **(kw if context else {})))  # fmt: skip
     stages = report["stages"]
-    for step in ("open", "tar_file_expander", "group_by_keys", "decode", "to_tuple", "map_tuple"):
-        assert f"load/{step}" in stages, sorted(stages)
     assert stages["load"]["derived"]  # the steps' sum: no time of its own
     kids = [p for p in stages if p.count("/") == 1 and p.startswith("load/")]
     assert stages["load"]["total_s"] == pytest.approx(sum(stages[k]["total_s"] for k in kids))
-    assert stages["load/tar_file_expander/fetch"]["total_s"] >= 4 * 0.020
-    mapped = stages["load/map_tuple"]
-    assert MAP_MS <= mapped["per_sample_ms"] <= 3 * MAP_MS
     # each step its own time: the map's stage holds none of the steps it pulls from
     assert stages["load/decode"]["per_sample_ms"] < MAP_MS
     assert report["verdict"]["stage"] == "load/map_tuple", report["verdict"]
@@ -236,18 +244,9 @@ def test_a_webdataset_in_torchdatas_stateful_loader_gets_the_same_stages():
     batches as plain, each step a stage with the fetch inside the tar's reading, each worker's
     shards counted and its first shard timed (NOTE [ A stateful loader, dressed ], case 5)."""
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    with server() as url:
-        loader = stateful.StatefulDataLoader(pipeline(url), batch_size=8, num_workers=2,
-                                             multiprocessing_context="fork")  # fmt: skip
-        plain, got, prof = plain_and_profiled(loader)
-    assert len(got) == 4 * SHARD_SAMPLES // 8 and same_batches(plain, got)
-    report = prof.report().to_dict()
-    stages = report["stages"]
-    for step in ("open", "tar_file_expander", "group_by_keys", "decode", "to_tuple", "map_tuple"):
-        assert f"load/{step}" in stages, sorted(stages)
-    assert stages["load/tar_file_expander/fetch"]["total_s"] >= 4 * 0.020
-    assert MAP_MS <= stages["load/map_tuple"]["per_sample_ms"] <= 3 * MAP_MS
-    assert "collate" in stages
+    report = steps_profiled(lambda url: stateful.StatefulDataLoader(
+        pipeline(url), batch_size=8, num_workers=2, multiprocessing_context="fork"))
+    assert "collate" in report["stages"]
     rows = {w["id"]: w for w in report["workers"]}
     assert {i: rows[i]["shards"] for i in (0, 1)} == {0: 2, 1: 2}
     assert all(0 < rows[i]["first_shard_s"] < rows[i]["first_batch_s"] for i in (0, 1))
