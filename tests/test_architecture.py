@@ -160,3 +160,34 @@ def test_nothing_outside_the_profiler_reads_its_private_fields():
                 if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
                     found.append(f"{name}:{node.lineno} .{node.attr}")
     assert not found, "the Profiler's private fields read from outside:\n" + "\n".join(found)
+
+
+def _undocumented_args() -> list[str]:
+    """``pipeprof``'s exports, and their public methods, that take arguments and whose
+    docstring has no ``Args:`` section."""
+    import inspect
+
+    import pipeprof
+
+    missing = []
+    for name in pipeprof.__all__:
+        obj = getattr(pipeprof, name)
+        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        found = [(name, obj)]
+        if inspect.isclass(obj):
+            found += [(f"{name}.{m}", f) for m, f in vars(obj).items()
+                      if not m.startswith("_") and inspect.isfunction(f)]  # fmt: skip
+        for label, fn in found:
+            try:
+                params = inspect.signature(fn).parameters
+            except (TypeError, ValueError):
+                continue
+            if set(params) - {"self", "cls"} and "Args:" not in (inspect.getdoc(fn) or ""):
+                missing.append(label)
+    return missing
+
+
+def test_every_public_function_and_method_says_its_args():
+    """Issue 39: an ``Args:`` section for each public function and class that takes any."""
+    assert _undocumented_args() == []

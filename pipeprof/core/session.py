@@ -177,7 +177,47 @@ class LoopRecord:
 
 @dataclass
 class Session:
-    """Raw measurements of one profile. Times are ``time.perf_counter_ns`` nanoseconds."""
+    """Raw measurements of one profile. Times are ``time.perf_counter_ns`` nanoseconds.
+
+    A Session is made by the collectors (``Profiler``, ``pipeprof run``) or read back
+    (``Session.load``, ``from_dict``), not by hand; ``analyze`` turns it into a report. Its
+    fields, each a constructor argument:
+
+    Args:
+        framework: ``"torch"`` or ``"tf"``.
+        mode: ``"loader"`` (a pipeline alone) or ``"loop"`` (a training loop).
+        meta: facts of the run (the loader's settings, the sampler, ranks, findings' inputs).
+        started_at: the wall clock at ``start_ns``, epoch seconds.
+        start_ns: the profile's start.
+        end_ns: its end.
+        stages: each stage's timings by track (``"main"``, ``"worker0"``...) and path.
+        workers: each process's record (pid, batches, CPU, memory, shards), by track.
+        first_batch_ns: from ``iter()`` to the first batch (the start-up).
+        first_ready_ns: when the first batch reached the consumer (the steady window's start).
+        first_samples: that batch's samples.
+        last_ready_ns: when the last batch did (the steady window's end).
+        wait: the consumer's waits in ``next()`` after the first batch.
+        starved: the part of each wait before the batch was ready.
+        handover: the part after it was ready.
+        batch_bytes: bytes a batch, every few batches.
+        probe: the in-situ cost of a timed region, once a batch.
+        probe_warm: the same, warm, right after it.
+        batches: batches delivered.
+        samples: samples delivered.
+        loop: a training loop's steps (loop mode).
+        batch_ring: the latest batches: (index, track, ready, wait, samples, busy).
+        spans: the latest timed regions: (track, path, start, duration).
+        events: timed regions recorded in all processes.
+        overhead_ns: one timed region's cost in the main process.
+        costs: pipeprof's own measured cost, ns, by where it was spent.
+        gpu: NVML's sampled series, or None.
+        host: the host sampler's series, or None.
+        notes: what the report should say about the profile itself.
+        interrupted: the profile ended on an exception or Ctrl-C.
+        h5: h5py reads by dataset, summed over every process.
+        fetch: HTTP requests by host, summed over every process.
+        tokens: token batches' padding counts, summed.
+    """
 
     framework: Framework = "torch"
     mode: Mode = "loader"
@@ -253,7 +293,11 @@ class Session:
 
     def merge(self, payload: dict[str, Any]) -> None:
         """Queue a recorder drain (``Recorder.drain``) for ``settle`` (NOTE [ Deferred
-        aggregation ]): what the training loop's thread pays per batch is this append."""
+        aggregation ]): what the training loop's thread pays per batch is this append.
+
+        Args:
+            payload: one recorder drain (``pack``'s: its records, track, pid and counts).
+        """
         extra = payload.get("counts")
         if extra and "h5" in extra and self.loop is not None and self.loop.epochs > 1:
             payload["later_epoch"] = True  # h5py reads after the first epoch (analyze/hdf5.py)
@@ -268,7 +312,12 @@ class Session:
     def defer(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` later, in order with the others deferred, when the session settles:
         a batch's bookkeeping (NOTE [ Deferred aggregation ]). The loop's thread runs what is
-        queued itself every ``DEFER_LIMIT`` calls, at once, unless a fold holds the session."""
+        queued itself every ``DEFER_LIMIT`` calls, at once, unless a fold holds the session.
+
+        Args:
+            fn: the bookkeeping to run.
+            *args: its arguments.
+        """
         if self._rows:  # the batches before this one first
             self._seal()
         self._deferred.append((fn, args))
@@ -281,7 +330,14 @@ class Session:
         collect/torch/loader.py): kept in a row with the next ones like it, which is queued
         whole and added in bulk (``_add_batches``). Only the thread that adds them seals a row
         (``_seal``): before anything else is deferred, every BATCH_ROWS batches, and when it runs
-        what is deferred."""
+        what is deferred.
+
+        Args:
+            t0: when ``next()`` began to wait (``clock()`` ns).
+            t1: when the batch came.
+            samples: its samples.
+            span: the name its wait has in traces.
+        """
         rows = self._rows
         if not rows:
             self._rows_thread = threading.get_ident()
@@ -314,7 +370,11 @@ class Session:
 
     def run_deferred(self, block: bool = True) -> None:
         """Run what ``defer`` queued (a loader's pass runs its own at its end); with ``block``
-        False, not if a fold holds the session now."""
+        False, not if a fold holds the session now.
+
+        Args:
+            block: wait for a fold that holds the session (False: leave the queue for later).
+        """
         if self._rows and threading.get_ident() == self._rows_thread:
             self._seal()
         if not self._lock.acquire(blocking=block):
@@ -334,7 +394,11 @@ class Session:
     def settle(self, chunk: int | None = None) -> None:
         """Fold the queued drains into ``stages`` and ``events`` (their spans wait, packed, for
         ``settled``); with ``chunk``, about that many records at a time, letting other threads
-        run in between."""
+        run in between.
+
+        Args:
+            chunk: about how many records a fold takes at a time; None: all at once.
+        """
         self.run_deferred()
         while self._pending:
             with self._lock:
@@ -394,7 +458,11 @@ class Session:
     def settle_counted(self, chunk: int | None = None) -> None:
         """``settle``, its CPU counted as pipeprof's own (``costs["settle_ns"]``; CPU: waiting for
         a background fold is not a cost twice): where a profile stops, and on the settling
-        thread."""
+        thread.
+
+        Args:
+            chunk: as ``settle``'s.
+        """
         t0 = time.thread_time_ns()
         try:
             self.settle(chunk)
@@ -427,18 +495,34 @@ class Session:
     def add_cost(self, where: str, ns: int) -> None:
         """pipeprof's own cost, measured, in ``costs``: ``main_ns`` (bookkeeping inside
         ``next()``), ``pack_ns``, ``settle_ns``, ``sampler_ns`` (of which ``sampler_first_ns``:
-        the samplers' start), ``setup_ns``."""
+        the samplers' start), ``setup_ns``.
+
+        Args:
+            where: the cost's key (``main_ns``...).
+            ns: nanoseconds to add.
+        """
         self.add_costs(((where, ns),))
 
     def add_costs(self, costs: Iterable[tuple[str, int]]) -> None:
-        """Several of ``add_cost`` at once (one lock: this runs per batch)."""
+        """Several of ``add_cost`` at once (one lock: this runs per batch).
+
+        Args:
+            costs: ``(where, ns)`` pairs.
+        """
         with self._counts:
             have = self.costs
             for where, ns in costs:
                 have[where] = have.get(where, 0) + ns
 
     def add(self, track: str, path: str, ns: int, n: int = 1) -> None:
-        """Record one timing measured outside a recorder (the pin-memory thread, say)."""
+        """Record one timing measured outside a recorder (the pin-memory thread, say).
+
+        Args:
+            track: the process or thread it was measured in (``"main"``, ``"worker0"``...).
+            path: the stage's path.
+            ns: its time.
+            n: the items that time covers.
+        """
         stat = self.stages.setdefault(track, {}).get(path)
         if stat is None:
             stat = self.stages[track][path] = Stat()
@@ -459,7 +543,19 @@ class Session:
     ) -> None:
         """The consumer got a batch of ``samples``, blocked in ``next()`` from ``t0`` to ``t1``,
         ``starved_ns`` of it before the batch was ready (None: not known, all of it); with
-        ``t_iter`` (when ``iter()`` was called) it is the first batch: start-up, not wait."""
+        ``t_iter`` (when ``iter()`` was called) it is the first batch: start-up, not wait.
+
+        Args:
+            t0: when ``next()`` began to wait (``clock()`` ns).
+            t1: when the batch came.
+            samples: its samples.
+            t_iter: the pass's ``iter()`` for its first batch (its wait is the start-up);
+                None for the others.
+            span: the name its wait has in traces.
+            track: the process that made it.
+            busy_ns: how long that process worked on it (kept in ``batch_ring``).
+            starved_ns: the part of the wait before it was ready; None: not known.
+        """
         if t_iter is not None:
             self.first_batch_ns = t1 - t_iter
         else:
@@ -480,12 +576,26 @@ class Session:
         self.samples += samples
 
     def arrived(self, t_ns: int, samples: int) -> None:
-        """A batch of ``samples`` reached the consumer at ``t_ns`` (the steady window's ends)."""
+        """A batch of ``samples`` reached the consumer at ``t_ns`` (the steady window's ends).
+
+        Args:
+            t_ns: when it arrived (``clock()`` ns).
+            samples: its samples.
+        """
         if self.first_ready_ns is None:
             self.first_ready_ns, self.first_samples = t_ns, samples
         self.last_ready_ns = t_ns
 
     def worker(self, track: str, pid: int) -> WorkerRecord:
+        """The record of the process ``track``, made at its first mention.
+
+        Args:
+            track: ``"main"``, ``"worker0"``...
+            pid: its process id (a restarted worker's replaces the one before).
+
+        Returns:
+            The record, kept in ``workers``.
+        """
         rec = self.workers.get(track)
         if rec is None:
             rec = self.workers[track] = WorkerRecord(pid=pid)
@@ -501,7 +611,14 @@ class Session:
     def to_dict(self, spans: int | None = None) -> dict[str, Any]:
         """The session as plain data; ``spans``: a snapshot (NOTE [ Snapshots ] in
         profiler.py), with only the latest that many spans and of the rings' records, read
-        without folding the rest."""
+        without folding the rest.
+
+        Args:
+            spans: keep only the latest that many spans (a snapshot); None: all, folded.
+
+        Returns:
+            Plain data (JSON types), which ``from_dict`` reads back.
+        """
         if spans is None:
             with self.settled():
                 return self._to_dict()
@@ -641,7 +758,16 @@ class Session:
     def save(self, path: str | os.PathLike[str], spans: int | None = None,
              note: str | None = None) -> Path:  # fmt: skip
         """Write the session as JSON (atomically: a crash never leaves half a file); ``spans``:
-        only the latest that many spans; ``note``: one more note, in the file only."""
+        only the latest that many spans; ``note``: one more note, in the file only.
+
+        Args:
+            path: the file to write.
+            spans: as ``to_dict``'s.
+            note: one more note, written to the file only.
+
+        Returns:
+            The path written.
+        """
         data = self.to_dict(spans)
         if note:
             data["notes"] = [*data["notes"], note]
