@@ -77,7 +77,9 @@ def test_an_image_folder_gets_every_encoding_with_its_costs_and_the_current_mark
     assert small["bytes_per_sample"] < 0.8 * cur["bytes_per_sample"]  # headers: ~600 B
     assert rows["npy (raw)"]["transform_ms"] == cur["transform_ms"]  # same images: not re-timed
     gzip, npy = rows["HDF5 gzip, 1 sample/chunk"], rows["npy (raw)"]
-    assert gzip["read_ms"] > 1.2 * npy["read_ms"]  # inflating vs copying bytes (1.8-3x seen)
+    # inflating vs copying bytes, by the CPU it takes (1.8-3x the wall seen; a loaded machine
+    # stretches the wall of either, by its share of the cores, not its CPU)
+    assert gzip["read_cpu_ms"] > 1.2 * npy["read_cpu_ms"]
     assert gzip["predicted_samples_per_s"] < npy["predicted_samples_per_s"]  # a slower read shows
     assert e.predict(presized) == small["predicted_samples_per_s"]
     assert e.predict(presized, workers=1) < e.predict(presized, workers=2)
