@@ -69,6 +69,70 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+class Ledger:
+    """The trials' rates, the paired rounds they ran in, and what those say: which setting beat
+    which, and the one to choose (NOTE [ Tuning ]).
+
+    Args:
+        rounds: the rounds the tune runs a phase for (a setting is kept on as many as 2 of them).
+    """
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.rates: dict[str, list[float]] = {}  # each setting's measured samples/s, in order
+        self.log: list[dict[str, float]] = []  # each round's rates, by setting
+        self.failed: dict[str, str] = {}
+        self.stopped: set[str] = set()  # dropped as clearly worse
+        self.lost: set[str] = set()  # lost a paired round to the setting it had to beat
+        self.refs: dict[str, str] = {}  # the best so far each later phase's settings ran beside
+
+    def prune(self, names: list[str], base: str, ref: str) -> None:
+        """After a round of ``names``: those clearly behind the others are dropped, and those
+        that lost the round to ``ref`` (the setting they had to beat) stop there."""
+        alive = {n: self.rates.get(n, []) for n in names if n not in self.failed}
+        self.stopped |= choose.dropped(alive, keep={base, ref})
+        got = self.log[-1]
+        lost = {n for n in got if n not in (base, ref) and ref in got and got[n] <= got[ref]}
+        self.lost |= lost
+        self.stopped |= lost
+
+    def left(self, names: list[str]) -> list[str]:
+        """``names`` not failed nor stopped."""
+        return [n for n in names if n not in self.failed and n not in self.stopped]
+
+    def won(self, name: str, other: str) -> bool:
+        """Whether ``name`` beat ``other`` in as many paired rounds as the tune runs, up to 2:
+        a knob dropped after one round (clearly behind another knob) is not kept on that round
+        alone, unless the tune runs one round."""
+        g = self.vs(name, other)
+        return choose.beats(g) and g is not None and g["rounds"] >= min(2, self.rounds)
+
+    def vs(self, name: str, other: str) -> dict[str, Any] | None:
+        """``name``'s gain over ``other`` from the rounds that ran both."""
+        return choose.gain([(r[name], r[other]) for r in self.log if name in r and other in r])
+
+    def gain(self, name: str, base: str) -> dict[str, Any] | None:
+        """``name``'s gain over the script's own settings: from the rounds that ran both, or
+        chained through the best so far it ran beside in a later phase (NOTE [ Tuning ])."""
+        via = self.refs.get(name)
+        if via is None:
+            return self.vs(name, base)
+        return choose.chain(self.vs(name, via), self.gain(via, base), via)
+
+    def best(self, base: str) -> str:
+        """The setting with the best gain, where it beat the script's own settings; else the
+        script's own."""
+        gains = {n: self.gain(n, base) for n in self.rates
+                 if n != base and n not in self.failed and n not in self.lost}  # fmt: skip
+        for name, g in sorted(gains.items(), key=lambda x: (x[1] or {}).get("ratio", 0.0),
+                              reverse=True):  # fmt: skip
+            if g is None or g["ratio"] <= 1.0:
+                return base  # the rest ranked under the script's own
+            if choose.beats(g):
+                return name
+        return base
+
+
 class Tuner:
     """One tune of one script: the baseline, the trials, the choice."""
 
@@ -92,14 +156,9 @@ class Tuner:
         self.progress = progress or (lambda what, done, total: None)
         self.t0 = time.monotonic()
         self.trial_s: list[float] = []  # each finished trial's wall time
-        self.rates: dict[str, list[float]] = {}
         self.runs: dict[str, list[dict[str, Any]]] = {}  # each trial's result, in order
         self.settings: dict[str, dict[str, Any]] = {}
-        self.log: list[dict[str, float]] = []  # each round's rates, by setting
-        self.failed: dict[str, str] = {}
-        self.stopped: set[str] = set()  # dropped as clearly worse
-        self.lost: set[str] = set()  # lost a paired round to the setting it had to beat
-        self.refs: dict[str, str] = {}  # the best so far each later phase's settings ran beside
+        self.ledger = Ledger(rounds)  # the trials' rates and rounds, and what they say
         self.notes: list[str] = []
         self.done = 0  # trials run
         self.planned = 0  # trials planned (the progress bar's total)
@@ -185,10 +244,10 @@ class Tuner:
             result["ended"], result["error"] = result.get("ended") or "failed", why
         self.runs[name].append(result)
         if result.get("error"):
-            self.failed[name] = result["error"]
+            self.ledger.failed[name] = result["error"]
         else:
             self.trial_s.append(wall)
-            self.rates.setdefault(name, []).append(result["samples_per_s"])
+            self.ledger.rates.setdefault(name, []).append(result["samples_per_s"])
         return result
 
     def round(self, names: list[str], seed: int, base: str, ref: str) -> None:
@@ -197,22 +256,22 @@ class Tuner:
         order = names[:]
         random.Random(seed).shuffle(order)
         got: dict[str, float] = {}
-        self.log.append(got)  # filled as the round runs: a round cut short still pairs
+        self.ledger.log.append(got)  # filled as the round runs: a round cut short still pairs
         for name in order:
-            if name in self.failed or name in self.stopped:
+            if name not in self.ledger.left([name]):
                 continue
             if self.spent() + self.typical() > self.budget_s:
                 self.out_of_budget = True
                 return
-            top = choose.leader(self.rates)
-            floor = choose.FLOOR * choose.median(self.rates[top]) if top else None  # type: ignore[operator]
+            top = choose.leader(self.ledger.rates)
+            floor = choose.FLOOR * choose.median(self.ledger.rates[top]) if top else None  # type: ignore[operator]
             self.progress(choose.key(self.settings[name]), self.done, self.planned)
             result = self.trial(name, floor if name not in (base, ref) and self.prune else None)
             self.done += 1
             if result.get("error") is None:
                 got[name] = result["samples_per_s"]
                 if result.get("ended") == "stopped early":
-                    self.stopped.add(name)
+                    self.ledger.stopped.add(name)
 
     def phase(self, names: list[str], base: str, seed: int, ref: str | None = None) -> None:
         """``rounds`` rounds of ``names``, each of which has to beat ``ref`` (the script's own
@@ -221,7 +280,7 @@ class Tuner:
         ref = ref or base
         for n in names:  # its gain over the script: through ref's (NOTE [ Tuning ])
             if ref != base and n not in (base, ref) and n not in self.runs:
-                self.refs.setdefault(n, ref)
+                self.ledger.refs.setdefault(n, ref)
         rounds = self.rounds if ref == base else self.later_rounds()
         self.planned += rounds * len(names)
         for r in range(rounds):
@@ -229,14 +288,8 @@ class Tuner:
             if self.out_of_budget:
                 return
             if self.prune:
-                alive = {n: self.rates.get(n, []) for n in names if n not in self.failed}
-                self.stopped |= choose.dropped(alive, keep={base, ref})
-                got = self.log[-1]
-                lost = {n for n in got if n not in (base, ref) and ref in got
-                        and got[n] <= got[ref]}  # fmt: skip
-                self.lost |= lost
-                self.stopped |= lost
-            left = [n for n in names if n not in self.failed and n not in self.stopped]
+                self.ledger.prune(names, base, ref)
+            left = self.ledger.left(names)
             self.planned -= (rounds - r - 1) * (len(names) - len(left))
             names = left
             if len(names) <= 1:
@@ -244,7 +297,7 @@ class Tuner:
 
     def later_rounds(self) -> int:
         """A later phase's rounds (NOTE [ Tuning ]): one fewer than the first's, 2 at least
-        (what keeping a setting takes: ``_won``), never more than the first's."""
+        (what keeping a setting takes: ``Ledger.won``), never more than the first's."""
         return min(self.rounds, max(2, self.rounds - 1))
 
     def add(self, settings: dict[str, Any]) -> str:
@@ -273,7 +326,7 @@ class Tuner:
         if self.out_of_budget:
             self.notes.append(f"the budget ({self.budget_s:.0f} s) ran out after {self.done} "
                               "trials: the choice rests on those")  # fmt: skip
-        best = self._best(base)
+        best = self.ledger.best(base)
         result = self._result(report, rows, base, best)
         result["interrupted"] = interrupted
         result["search_s"] = round(self.spent(), 1)  # to the choice: the ladder's runs follow
@@ -291,7 +344,7 @@ class Tuner:
         names = [base] + [self.add({"num_workers": k}) for k in counts if k != workers]
         names += [n for n in (self.add(t) for t in self.tries) if n not in names]
         self.phase(names, base, seed=1)
-        best = self._best(base)
+        best = self.ledger.best(base)
         at = self.settings[best]
         knobs = [k for k in choose.knob_candidates(report, at.get("num_workers", workers), cores)
                  if set(k) <= self.knobs]  # fmt: skip
@@ -310,12 +363,12 @@ class Tuner:
             tried = {self.add({**at, **k}): k for k in knobs}
             more = [self.add({**at, **keep, "num_workers": n}) for n in counts]
             self.phase(list(dict.fromkeys([best, *tried, *more])), base, seed=101, ref=best)
-            kept = [k for name, k in tried.items() if self._won(name, best)]
+            kept = [k for name, k in tried.items() if self.ledger.won(name, best)]
             if len(kept) > 1 and not self.out_of_budget:
                 both = self.add({**at, **{a: b for k in kept for a, b in k.items()}})
-                top = self._best(base)
+                top = self.ledger.best(base)
                 self.phase(list(dict.fromkeys([top, both])), base, seed=201, ref=top)
-        best = self._best(base)
+        best = self.ledger.best(base)
         at = self.settings[best]
         kept_workers = at.get("persistent_workers") and not choose.current(report)[
             "persistent_workers"]
@@ -346,41 +399,10 @@ class Tuner:
             if result.get("cold_processes") == 0:
                 self.notes.append("the script read no file through Python's open(): no cold "
                                   "page cache rung")  # fmt: skip
-        return choose.ladder(choose.median(self.rates.get(base, [])),
-                             choose.median(self.rates.get(best, [])) if best != base else None,
+        rates = self.ledger.rates
+        return choose.ladder(choose.median(rates.get(base, [])),
+                             choose.median(rates.get(best, [])) if best != base else None,
                              measured, choose.model_ceiling(report))  # fmt: skip
-
-    def _won(self, name: str, other: str) -> bool:
-        """Whether ``name`` beat ``other`` in as many paired rounds as the tune runs, up to 2:
-        a knob dropped after one round (clearly behind another knob) is not kept on that round
-        alone, unless the tune runs one round."""
-        g = self._vs(name, other)
-        return choose.beats(g) and g is not None and g["rounds"] >= min(2, self.rounds)
-
-    def _vs(self, name: str, other: str) -> dict[str, Any] | None:
-        """``name``'s gain over ``other`` from the rounds that ran both."""
-        return choose.gain([(r[name], r[other]) for r in self.log if name in r and other in r])
-
-    def _gain(self, name: str, base: str) -> dict[str, Any] | None:
-        """``name``'s gain over the script's own settings: from the rounds that ran both, or
-        chained through the best so far it ran beside in a later phase (NOTE [ Tuning ])."""
-        via = self.refs.get(name)
-        if via is None:
-            return self._vs(name, base)
-        return choose.chain(self._vs(name, via), self._gain(via, base), via)
-
-    def _best(self, base: str) -> str:
-        """The setting with the best gain, where it beat the script's own settings; else the
-        script's own."""
-        gains = {n: self._gain(n, base) for n in self.rates
-                 if n != base and n not in self.failed and n not in self.lost}  # fmt: skip
-        for name, g in sorted(gains.items(), key=lambda x: (x[1] or {}).get("ratio", 0.0),
-                              reverse=True):  # fmt: skip
-            if g is None or g["ratio"] <= 1.0:
-                return base  # the rest ranked under the script's own
-            if choose.beats(g):
-                return name
-        return base
 
     def _result(self, report: dict[str, Any], rows: list[dict[str, Any]], base: str,
                 best: str) -> dict[str, Any]:
@@ -389,13 +411,13 @@ class Tuner:
             runs = self.runs.get(name, [])
             if not runs or "_mode" in settings:  # the ladder's runs: in its own table
                 continue
-            rates = self.rates.get(name, [])
+            rates = self.ledger.rates.get(name, [])
             trials.append({
                 "setting": name, "settings": settings, "runs": len(runs),
                 "samples_per_s": choose.median(rates), "rates": rates,
                 "promised_samples_per_s": choose.promised(settings, rows),
-                "vs_baseline": self._gain(name, base) if name != base else None,
-                "dropped": name in self.stopped, "error": self.failed.get(name),
+                "vs_baseline": self.ledger.gain(name, base) if name != base else None,
+                "dropped": name in self.ledger.stopped, "error": self.ledger.failed.get(name),
             })  # fmt: skip
         chosen = self.settings[best]
         changed = best != base
@@ -405,7 +427,7 @@ class Tuner:
             "baseline": choose.current(report), "verdict": (report.get("verdict") or {}).get(
                 "headline"),
             "trials": trials, "chosen": chosen, "chosen_setting": best, "changed": changed,
-            "gain": self._gain(best, base) if changed else None,
+            "gain": self.ledger.gain(best, base) if changed else None,
             "budget_s": self.budget_s, "spent_s": round(self.spent(), 1), "notes": self.notes,
             "diff": None, "edit_error": None,
         }  # fmt: skip

@@ -187,7 +187,7 @@ def _searched(monkeypatch, rates: dict[tuple[int, bool], float]) -> tuple[Tuner,
             rate *= 1.2 if k == 0 else 0.99
         result = {"samples_per_s": rate, "error": None, "ended": "done"}
         tuner.runs[name].append(result)
-        tuner.rates.setdefault(name, []).append(rate)
+        tuner.ledger.rates.setdefault(name, []).append(rate)
         return result
 
     monkeypatch.setattr(tuner, "trial", trial)
@@ -195,7 +195,7 @@ def _searched(monkeypatch, rates: dict[tuple[int, bool], float]) -> tuple[Tuner,
     rows = [{"kind": "workers", "workers": k, "exceeds": None} for k in range(1, 9)]
     tuner.search(report, base, [1, 3, 4, 5], cores=2, rows=rows)
     tuner.close()
-    return tuner, tuner._best(base)
+    return tuner, tuner.ledger.best(base)
 
 
 def test_the_worker_count_is_searched_again_once_the_workers_are_kept(monkeypatch):
@@ -217,7 +217,7 @@ def test_the_worker_count_is_searched_again_once_the_workers_are_kept(monkeypatc
             **{(k, True): r * 1.05 for k, r in without.items()}}  # fmt: skip
     tuner, best = _searched(monkeypatch, gain)
     lucky = "num_workers=4, prefetch_factor=4"
-    assert len(tuner.runs[lucky]) == 2 and lucky in tuner.lost
+    assert len(tuner.runs[lucky]) == 2 and lucky in tuner.ledger.lost
     assert tuner.settings[best] == {"num_workers": 4, "persistent_workers": True}
     # the near miss: keeping the workers does not pay: the counts kept workers would want, tried
     # beside it, lost their first round and stopped there
@@ -241,9 +241,9 @@ def test_the_script_as_it_is_runs_in_the_first_phase_only(monkeypatch):
     # workers would want are tried), those beside the script: the two links' ratios multiplied
     # (989/245 but for the recorded drift: each run of a setting 1 % up on the one before)
     links = [(best, "num_workers=4"), ("num_workers=4", "as it is")]
-    g = tuner._gain(best, "as it is")
-    assert g["via"] == links[0][1] and "via" not in tuner._gain(links[1][0], "as it is")
-    assert g["ratio"] == pytest.approx(math.prod(tuner._vs(a, b)["ratio"] for a, b in links))
+    g = tuner.ledger.gain(best, "as it is")
+    assert g["via"] == links[0][1] and "via" not in tuner.ledger.gain(links[1][0], "as it is")
+    assert g["ratio"] == pytest.approx(math.prod(tuner.ledger.vs(a, b)["ratio"] for a, b in links))
     assert 989 / 245 * 0.9 < g["ratio"] < 989 / 245 and choose.beats(g)
 
 
@@ -359,9 +359,10 @@ def test_a_killed_trial_is_recorded_and_the_budget_bounds_the_tune(tmp_path, mon
     tuner.site, tuner.baseline_s = "tune_train.py:41", 10.0
     result = tuner.trial(tuner.add({"num_workers": 3}), None)
     assert result["rc"] == -9 and result["error"] == "killed by signal 9 (out of memory?)"
-    assert tuner.failed == {"num_workers=3": result["error"]} and not tuner.rates
+    assert tuner.ledger.failed == {"num_workers=3": result["error"]} and not tuner.ledger.rates
     result = tuner.trial(tuner.add({"num_workers": 2}), None)
-    assert result["error"] is None and tuner.rates["num_workers=2"] == [result["samples_per_s"]]
+    assert result["error"] is None
+    assert tuner.ledger.rates["num_workers=2"] == [result["samples_per_s"]]
     # a budget spent by the baseline: no trial runs, the script is kept as it is, and said so
     tuner.close()
     tuner = Tuner("tune_train.py", ["--load-ms", "0"], batches=10, warmup=2, budget_s=1)
