@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -36,9 +37,17 @@ def env() -> dict[str, str]:
     return e
 
 
-def torchrun(tmp: Path, port: int, *args: str) -> subprocess.CompletedProcess[str]:
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, the system's pick: fixed ports collided
+    when tests ran at once (EADDRINUSE)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={port}", *args]  # fmt: skip
+           f"--master_port={free_port()}", *args]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env(), timeout=240)
 
 
@@ -50,9 +59,9 @@ def load(path: Path) -> dict:
 @pytest.mark.timing
 def test_torchrun_job_names_the_slow_rank_and_its_stage(tmp_path):
     common = (DDP_TRAIN, "--slow-rank", "1", "--slow-ms", "4", "--collective")
-    plain = torchrun(tmp_path, 29731, *common, "--truth", "plain")
+    plain = torchrun(tmp_path, *common, "--truth", "plain")
     assert plain.returncode == 0, plain.stderr
-    ran = torchrun(tmp_path, 29732, "-m", "pipeprof", "run", "-o", "run.json", *common,
+    ran = torchrun(tmp_path, "-m", "pipeprof", "run", "-o", "run.json", *common,
                    "--truth", "truth")  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     # every rank wrote its own file; only rank 0 printed its summary
@@ -134,10 +143,10 @@ def test_ranks_without_a_distributed_sampler_are_named(tmp_path, workers):
     Index sketches ] in core/batch.py); the same job with a DistributedSampler is not."""
     common = (DDP_TRAIN, "--samples", "400", "--batch", "8", "--slow-ms", "0", "--step-ms", "0",
               "--shuffle", "--workers", str(workers))  # fmt: skip
-    for sampled, port in ((False, 29741 + 2 * workers), (True, 29742 + 2 * workers)):
+    for sampled in (False, True):
         out = tmp_path / ("split" if sampled else "whole")
         out.mkdir()
-        ran = torchrun(out, port, "-m", "pipeprof", "run", "-q", "-o", "run.json", *common,
+        ran = torchrun(out, "-m", "pipeprof", "run", "-q", "-o", "run.json", *common,
                        *(() if sampled else ("--no-sampler",)))  # fmt: skip
         assert ran.returncode == 0, ran.stderr
         job = load(out / "run.job.json")
@@ -158,10 +167,10 @@ def test_ranks_that_read_the_same_stream_are_named(tmp_path, workers):
     split by node) gives every rank the same stream; the job report compares the ranks' first
     samples' fingerprints (NOTE [ The same stream ]) and names them, with the stream's fix. The
     stream sharded by rank as well is not named."""
-    for by_rank, port in ((False, 29751 + 2 * workers), (True, 29752 + 2 * workers)):
+    for by_rank in (False, True):
         out = tmp_path / ("split" if by_rank else "whole")
         out.mkdir()
-        ran = torchrun(out, port, "-m", "pipeprof", "run", "-q", "-o", "run.json",
+        ran = torchrun(out, "-m", "pipeprof", "run", "-q", "-o", "run.json",
                        str(SCRIPTS / "ddp_stream.py"), "--workers", str(workers),
                        *(("--rank-shard",) if by_rank else ()))  # fmt: skip
         assert ran.returncode == 0, ran.stderr
@@ -180,7 +189,7 @@ def test_ranks_that_read_the_same_stream_are_named(tmp_path, workers):
 def test_a_crashing_rank_leaves_every_rank_s_file_and_merge_names_what_is_there(tmp_path):
     """Rank 1 raises after 5 steps: torchrun stops rank 0 (SIGTERM). No job report is gathered
     (rank 1 never comes), but both ranks wrote their files on the way out, and they merge."""
-    ran = torchrun(tmp_path, 29733, "-m", "pipeprof", "run", "-o", "run.json", DDP_TRAIN,
+    ran = torchrun(tmp_path, "-m", "pipeprof", "run", "-o", "run.json", DDP_TRAIN,
                    "--crash-rank", "1", "--step-ms", "20")  # fmt: skip
     assert ran.returncode != 0
     assert "RuntimeError: rank 1 crashed" in ran.stderr
@@ -205,9 +214,9 @@ def test_two_nodes_on_one_host_gather_one_job_report(tmp_path):
     """``--nnodes=2``: two torchrun agents (one per "node", each with 2 ranks) meeting at a c10d
     rendezvous on localhost; rank 0 gathers all four ranks' reports."""
     common = ["--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
-              "--rdzv_endpoint=127.0.0.1:29741", "--rdzv_id=pp-two-nodes", "-m", "pipeprof",
-              "run", "-o", "run.json", DDP_TRAIN, "--samples", "256", "--slow-rank", "3",
-              "--slow-ms", "4"]  # fmt: skip
+              f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=pp-two-nodes", "-m",
+              "pipeprof", "run", "-o", "run.json", DDP_TRAIN, "--samples", "256", "--slow-rank",
+              "3", "--slow-ms", "4"]  # fmt: skip
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *common],
                               cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip

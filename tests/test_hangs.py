@@ -171,7 +171,7 @@ def test_the_rank_that_never_reaches_the_all_reduce_is_named_first(tmp_path: Pat
     from the files names rank 1, in its own code, with rank 0 waiting in a collective."""
     from test_distributed import DDP_TRAIN, torchrun
 
-    ran = torchrun(tmp_path, 29751, "-m", "pipeprof", "run", "-q", "--hang-s", "2", "-o",
+    ran = torchrun(tmp_path, "-m", "pipeprof", "run", "-q", "--hang-s", "2", "-o",
                    "run.json", DDP_TRAIN, "--stuck-rank", "1", "--timeout-s", "12",
                    "--collective", "--step-ms", "5")  # fmt: skip
     assert ran.returncode != 0
