@@ -325,8 +325,11 @@ def test_a_loop_already_at_its_best_is_left_as_it_is(tmp_path):
     """The near miss: 8 ms of loading a batch over 2 workers and a 15 ms step; the loop is
     compute-bound, more workers cannot make it faster and fewer would not be faster. (The script
     shares its tensors through the file system already: with torch's default, passing a file
-    descriptor per tensor, that strategy made this loop 10 % faster, and tune chose it.)"""
+    descriptor per tensor, that strategy made this loop 10 % faster, and tune chose it. Only the
+    worker count is tuned: on a loaded machine a deeper prefetch beat it by 3 % in both rounds
+    of a CI run, a real gain there, and not the near miss this is.)"""
     res, data = _tune(tmp_path, "--batches", "25", "--rounds", "2", "--budget", "4m", "--no-ladder",
+                      "--knobs", "num_workers",
                       script_args=("--samples", "2048", "--load-ms", "1", "--step-ms", "15",
                                    "--workers", "2", "--sharing", "file_system"))  # fmt: skip
     assert res.returncode == 0, res.stderr
