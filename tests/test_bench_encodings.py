@@ -76,11 +76,9 @@ def test_an_image_folder_gets_every_encoding_with_its_costs_and_the_current_mark
     assert small["presize"] == 74 and small["quality"] == "lossy: resized to 74 px, q90"
     assert small["bytes_per_sample"] < 0.8 * cur["bytes_per_sample"]  # headers: ~600 B
     assert rows["npy (raw)"]["transform_ms"] == cur["transform_ms"]  # same images: not re-timed
-    gzip, npy = rows["HDF5 gzip, 1 sample/chunk"], rows["npy (raw)"]
-    # inflating vs copying bytes, by the CPU it takes (1.8-3x the wall seen; a loaded machine
-    # stretches the wall of either, by its share of the cores, not its CPU)
-    assert gzip["read_cpu_ms"] > 1.2 * npy["read_cpu_ms"]
-    assert gzip["predicted_samples_per_s"] < npy["predicted_samples_per_s"]  # a slower read shows
+    # how fast gzip reads against npy is a benchmark's question (benchmarks/
+    # encodings_validation.py), not this test's: under CI's load even their CPU times came
+    # within 1.1x of each other (2.3x idle)
     assert e.predict(presized) == small["predicted_samples_per_s"]
     assert e.predict(presized, workers=1) < e.predict(presized, workers=2)
     with pytest.raises(KeyError, match="no applicable encoding 'GIF'"):
