@@ -307,6 +307,54 @@ def test_transform_modules_in_the_fetch_are_the_pipeline_not_forward(tmp_path):
     assert forward["total_s"] < 0.25 * slow["count"] * slow["mean_ms"] / 1000
 
 
+def test_torchvisions_transforms_in_a_fetch_skip_the_forward_wrapper():
+    """NOTE [ Transforms past the Forward wrapper ] (attach/regions.py): once a torchvision
+    transform is called in a fetch, its class calls torch's own ``Module.__call__``, so its calls
+    pay no frame of pipeprof's; the model's class keeps the wrapper (an ``nn.Sequential``, here a
+    transform too), its outermost call is still each step's Forward, and the run's end undoes
+    it."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from torchvision import transforms
+
+    from pipeprof.attach.run import Run
+
+    module_call = nn.Module.__call__
+    normalize = transforms.Normalize(mean=[0.5], std=[0.5])
+    chain = nn.Sequential(nn.Identity())  # torch's class: a model's too, never past
+
+    class Images(TensorDataset):
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            return chain(normalize(x)), y
+
+    data = Images(torch.rand(64, 1, 4, 4), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=8)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2))
+    plain = [normalize(x) for x, _ in DataLoader(TensorDataset(data.tensors[0], data.tensors[1]),
+                                                 batch_size=8)]  # fmt: skip
+    run = Run(sample_hz=0)
+    run.install()
+    try:
+        got, steps = [], 0
+        for x, _ in loader:
+            got.append(x)
+            model(x).sum().backward()
+            steps += 1
+        assert vars(transforms.Normalize)["__call__"] is module_call
+        assert "__call__" not in vars(nn.Sequential)
+        assert type(normalize) is transforms.Normalize
+    finally:
+        run.uninstall()
+        run.stop_profiling()
+    assert "__call__" not in vars(transforms.Normalize)
+    assert nn.Module.__call__ is module_call
+    assert all(torch.equal(a, b) for a, b in zip(got, plain, strict=True))
+    report = run.reports()[0][1]
+    assert report["loop"]["regions"]["Forward"]["count"] == steps == 8
+
+
 def test_the_step_regions_take_the_short_path_and_state_their_cost():
     """NOTE [ Regions on a short path ] (attach/regions.py): on the CPU clock, Forward, Backward and
     Optimizer go to the pass's StepLog directly, each timed as it runs, and the report states

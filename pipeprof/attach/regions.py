@@ -115,8 +115,13 @@ class StepRegions:
 
         module_call = nn_module.Module.__call__
         compiling = torch.compiler.is_compiling
+
+        def past(cls: type) -> None:  # NOTE [ Transforms past the Forward wrapper ]
+            if "__call__" not in vars(cls):
+                patches.replace(cls, "__call__", module_call)
+
         # Forward: the outermost Module call of the training step (``_forward``)
-        __call__ = functools.wraps(module_call)(_forward(self, local, module_call, compiling))
+        __call__ = functools.wraps(module_call)(_forward(self, local, module_call, compiling, past))
         patches.replace(torch.Tensor, "backward", tensor_backward)
         patches.replace(nn_module.Module, "__call__", __call__)
         for hook in (
@@ -249,7 +254,19 @@ class StepRegions:
         return text
 
 
-def _forward(regions: Any, local: Any, module_call: Any, compiling: Any) -> Any:
+# NOTE [ Transforms past the Forward wrapper ]
+# Every Module call goes through the Forward wrapper (``_forward``), a torchvision transform's in
+# a loader's fetch too: with ``num_workers=0`` that was a frame of pipeprof's in every sample, on
+# an MNIST-style loader a third of what ``pipeprof run`` added to each sample (the two frames
+# each sample went through cost 8,000 instructions of 379,000; benchmarks/
+# inprocess_instructions.py). So a torchvision transform's class, once one of its instances is
+# called in a fetch, calls torch's own ``Module.__call__`` from then on (``past``: set on the
+# class, undone with the run's other patches). Only torchvision's transforms: a class of torch's
+# (``nn.Sequential``) or the user's may be a model too, whose outermost call is the Forward.
+TRANSFORMS = "torchvision.transforms"
+
+
+def _forward(regions: Any, local: Any, module_call: Any, compiling: Any, past: Any) -> Any:
     """``Module.__call__`` with the Forward region: the outermost Module call of the training
     step. A wrapper on Module.__call__ costs an inner call about half a microsecond; torch's
     global forward hooks cost 7 (they take every call off torch's fast path) and about 11 with
@@ -267,9 +284,11 @@ def _forward(regions: Any, local: Any, module_call: Any, compiling: Any) -> Any:
         if regions.depth:  # inside Forward: counted, for what their call-through costs
             regions.inner += 1
             return module_call(module, *args, **kwargs)
-        if compiling():
-            return module_call(module, *args, **kwargs)
         if local.inside:  # a batch being fetched: a transform, timed as a stage
+            if type(module).__module__.startswith(TRANSFORMS):
+                past(type(module))
+            return module_call(module, *args, **kwargs)
+        if compiling():
             return module_call(module, *args, **kwargs)
         log = regions.log
         if log is not None:  # NOTE [ Regions on a short path ]
@@ -325,7 +344,7 @@ def step_region_ns(calls: int = 2000, quiet: bool = False) -> float:
     class Outside:  # what the wrapper reads of the run's thread-local state: no fetch under way
         inside = 0
 
-    wrapped = _forward(Host(), Outside(), noop, never)  # the Forward wrapper itself
+    wrapped = _forward(Host(), Outside(), noop, never, noop)  # the Forward wrapper itself
     results = []
     for _ in range(3):
         t0 = clock()
