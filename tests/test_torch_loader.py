@@ -758,3 +758,37 @@ def test_the_batch_plan_times_compares_and_shortens_as_its_note_says(every):
     for seen in range(n):
         _short, off, measure = chosen[seen]
         assert heavy.choose(seen, seen + 1, alone=True) == (False, off, measure)
+
+
+def test_a_batch_on_the_short_path_calls_its_compose_unwrapped():
+    """NOTE [ The short path ]: in the training process, a batch on the short path calls a
+    torchvision Compose through torchvision's own ``__call__`` (the class's wrapper set back for
+    that batch, ``class_swaps``), a timed batch through pipeprof's wrapper: the unprofiled
+    samples run no frame of pipeprof's. The batches are plain's and the chain's step is still a
+    stage of the timed ones."""
+    seen: list[bool] = []  # per sample: the Compose's class held pipeprof's wrapper
+
+    class Logged(torch.utils.data.Dataset):
+        def __init__(self, n: int) -> None:
+            self.n, self.transform = n, transforms.Compose([Scale(0.0)])
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __getitem__(self, i: int):
+            seen.append(hasattr(vars(transforms.Compose)["__call__"], "__wrapped__"))
+            return self.transform(torch.full((2,), float(i))), i
+
+    loader = DataLoader(Logged(400), batch_size=2)
+    plain = list(loader)
+    seen.clear()
+    prof = pipeprof.Profiler(sample_hz=0)
+    with prof:
+        got = list(prof.wrap(loader))
+    assert all(same(a, b) for a, b in zip(got, plain, strict=True))
+    report = prof.report().to_dict()
+    timed = report["stages"]["transform/Scale"]["count"]
+    assert timed == 2 * report["meta"]["timed_batches"]
+    lean = prof.session.costs["ab_lean_samples"]  # the samples on the short path
+    assert seen.count(False) == lean >= 300  # the rest: timed, or compared with the timed
+    assert hasattr(vars(transforms.Compose)["__call__"], "__wrapped__")  # wrapped again after

@@ -174,7 +174,9 @@ def _seq_forward() -> Any:
 # ``torch.jit.script`` of it must not meet a wrapper of pipeprof's. The marks are
 # made in the training process when the loader is built, and again in a spawned worker
 # (``apply_marks`` from ``WorkerInit``), where the dataset and the marks arrive in one pickle.
-# A class stays wrapped for the process's life; its instances not marked pay the look-up.
+# A class stays wrapped for the process's life; its instances not marked pay the look-up. In
+# the training process, a batch on the short path sets the class back to its own method while
+# it is fetched (``class_swaps``; NOTE [ The short path ] in collect/torch/loader.py).
 Mark = tuple[Any, str, Any]  # (the user's object, its stage path or chain prefix, chain or not)
 _MARKED: dict[int, list[Any]] = {}  # id -> [object, path, bound original | chain steps, multi]
 _ORIGINAL: dict[Any, Any] = {}  # wrapper -> the function it wraps
@@ -274,6 +276,24 @@ def apply_marks(marks: Sequence[Mark]) -> None:
             steps = _children(obj)
             if steps is not None:
                 _MARKED[id(obj)] = [obj, path, [], steps[1]]
+
+
+def class_swaps(marks: Sequence[Mark]) -> list[Swap]:
+    """The classes ``marks``' objects are timed through, each as a swap (a class, its method's
+    name, the method, its wrapper): a batch on the short path in the training process sets them
+    back to their own method, so its samples run no frame of pipeprof's (NOTE [ The short path ]
+    in collect/torch/loader.py)."""
+    out: list[Swap] = []
+    for obj, _, _ in marks:
+        hook = _hook(obj)
+        if hook is None:
+            continue
+        cls, name = hook
+        wrapper = cls.__dict__.get(name)
+        orig = _ORIGINAL.get(wrapper)
+        if orig is not None and not any(s[0] is cls and s[1] == name for s in out):
+            out.append((cls, name, orig, wrapper))
+    return out
 
 
 def mark_transform(fn: Any, prefix: str, marks: list[Mark]) -> Any:

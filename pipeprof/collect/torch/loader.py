@@ -58,6 +58,7 @@ from pipeprof.collect.torch import epochs, hangs, hfstream, memory, shm
 from pipeprof.collect.torch.dataset import (
     SHARDS,
     apply_marks,
+    class_swaps,
     instrument_dataset,
     steps_timed,
     stream_facts,
@@ -132,8 +133,10 @@ BYTES_EVERY = 16  # batches between two measurements of a batch's size in bytes
 # (32 by default). Every batch profiled here costs the training step itself (issue 38's tiny
 # step: 10 µs a step at 1 in 8), and by then the stages have 24 timed batches. Every other
 # unprofiled batch takes a short path in ``ProfiledLoader._pass``: the recorder off, the user's
-# transforms back, two clock reads around ``next()`` and the batch's wait queued in a row with
-# the next ones like it (``Session.defer_batch``); no recorder sink, no CPU clock, no merge.
+# transforms back, and the classes of those timed in place set back to their own method for the
+# batch (``class_swaps``: a sample runs no frame of pipeprof's), two clock reads around
+# ``next()`` and the batch's wait queued in a row with the next ones like it
+# (``Session.defer_batch``); no recorder sink, no CPU clock, no merge.
 # They count as unprofiled in ``ab_lean_batches`` / ``ab_lean_samples`` (analyze/stages.py),
 # their bookkeeping in ``main_ns``. Not with NVTX ranges or a copy to the device to time.
 #
@@ -186,7 +189,7 @@ class ShortPass:
     __slots__ = ("ended", "fetch", "left", "own", "span", "starved", "swaps", "t0", "t1",
                  "workers")  # fmt: skip
 
-    def __init__(self, fetch: Any, swaps: bool, span: str, workers: bool = False) -> None:
+    def __init__(self, fetch: Any, swaps: list[Any], span: str, workers: bool = False) -> None:
         self.fetch, self.swaps, self.span, self.workers = fetch, swaps, span, workers
         self.left, self.ended, self.t0, self.t1, self.own = 0, False, 0, 0, 0
         self.starved: int | None = None
@@ -988,20 +991,28 @@ class ProfiledLoader:
             self._failed(exc)
             raise
 
-    def _short(self, fetch: Any, swaps: bool, short: ShortPass) -> Any:
+    def _short_swaps(self) -> list[Any]:
+        """What a batch on the short path sets back to the user's own: the dataset copy's
+        stand-ins and, in this process, the classes its transforms are timed through."""
+        swaps = list(getattr(self._collate_fn(), "swaps", ()))
+        if not self.loader.num_workers:
+            init = self._dress[1] if self._dress is not None else self.loader.worker_init_fn
+            swaps += class_swaps(getattr(init, "marks", ()))
+        return swaps
+
+    def _short(self, fetch: Any, swaps: list[Any], short: ShortPass) -> Any:
         """An unprofiled batch outside the comparison (NOTE [ The short path ]); its fetch's
         start and end in ``short.t0`` / ``t1``."""
         rec = recorder()
         rec.enabled = False
-        if swaps:
-            self._swap(plain=True)
+        done = set_swaps(swaps, plain=True) if swaps else swaps
         _COLLATED[0] = None
         t0 = clock()
         try:
             carrier = fetch()
         finally:
-            if swaps:
-                self._swap(plain=False)
+            if done:
+                set_swaps(done, plain=False)
             rec.enabled = True
         t1 = clock()
         self.seen += 1
@@ -1092,7 +1103,7 @@ class ProfiledLoader:
             fetch = it.__next__
             nv = self.ranges
             plan = BatchPlan(self.stage_every, self._ab_eligible(), nv is None and self.h2d is None)
-            swaps = bool(getattr(self._collate_fn(), "swaps", ()))
+            swaps = self._short_swaps()
             # NOTE [ Workers' batches, past the generators ]
             workers = bool(self.loader.num_workers) and not self.opaque and plan.lean
             short = ShortPass(fetch, swaps, span, workers)
