@@ -55,27 +55,23 @@ def child(variant: str, samples: int, batch_size: int, jpeg: str | None) -> None
         dataset = MnistLike(samples)
     g = torch.Generator().manual_seed(0)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=g)
-    n = 0
-    if variant == "plain":
-        for x, _ in loader:
-            n += len(x)
-    elif variant == "run":
-        from pipeprof.attach.run import Run
-
-        run = Run(sample_hz=0)
-        run.install()
-        try:
-            for x, _ in loader:
-                n += len(x)
-        finally:
-            run.uninstall()
-            run.stop_profiling()
-    else:
+    if variant == "profiler":
         import pipeprof
 
         with pipeprof.Profiler(sample_hz=0) as prof:
-            for x, _ in prof.wrap(loader):
-                n += len(x)
+            n = sum(len(x) for x, _ in prof.wrap(loader))
+    else:
+        from pipeprof.attach.run import Run
+
+        run = Run(sample_hz=0) if variant == "run" else None
+        if run is not None:
+            run.install()
+        try:
+            n = sum(len(x) for x, _ in loader)
+        finally:
+            if run is not None:
+                run.uninstall()
+                run.stop_profiling()
     assert n == samples, (n, samples)
 
 
