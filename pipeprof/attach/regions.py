@@ -256,10 +256,10 @@ class StepRegions:
 
 # NOTE [ Transforms past the Forward wrapper ]
 # Every Module call goes through the Forward wrapper (``_forward``), a torchvision transform's in
-# a loader's fetch too: with ``num_workers=0`` that was a frame of pipeprof's in every sample, on
-# an MNIST-style loader a third of what ``pipeprof run`` added to each sample (the two frames
-# each sample went through cost 8,000 instructions of 379,000; benchmarks/
-# inprocess_instructions.py). So a torchvision transform's class, once one of its instances is
+# a loader's fetch too: with ``num_workers=0`` that was a frame of pipeprof's in every sample. On
+# an MNIST-style loader it was 3,600 of the 6,100 instructions a sample that ``pipeprof run``
+# added to plain's 382,000 (benchmarks/inprocess_instructions.py, callgrind; docs/validation/
+# run-cost.md). So a torchvision transform's class, once one of its instances is
 # called in a fetch, calls torch's own ``Module.__call__`` from then on (``past``: set on the
 # class, undone with the run's other patches). Only torchvision's transforms: a class of torch's
 # (``nn.Sequential``) or the user's may be a model too, whose outermost call is the Forward.

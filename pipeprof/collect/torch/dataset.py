@@ -384,7 +384,7 @@ Wrap = Callable[[str, Any], Any]  # (stage prefix, the user's transform) -> its 
 PREFIX = {"transform": "transform", "target_transform": "transform/target_transform"}
 
 
-Swap = tuple[Any, str, Any, Any]  # (a dataset copy, attribute, the user's value, its stand-in)
+Swap = tuple[Any, str, Any, Any]  # (a dataset copy or a class, attribute, the user's, pipeprof's)
 
 
 def twin_dataset(
