@@ -56,8 +56,11 @@ def runs(tmp_path_factory) -> dict[str, str]:
             for name, ms in (("base", 1.0), ("again", 1.0), ("slower", 3.0))}  # fmt: skip
 
 
-GATE = ["--fail-if", "throughput < -5%", "--fail-if", "wait_fraction > +0.05",
-        "--fail-if", "stage:load.per_sample_ms > +10%"]  # fmt: skip
+# Two runs of the same sleep-bound pipeline, one after the other, differed by 5.2 % in CI (a
+# sleep overshoots by the machine's load); the slower one is over 30 % slower: the margins sit
+# between the two.
+GATE = ["--fail-if", "throughput < -15%", "--fail-if", "wait_fraction > +0.05",
+        "--fail-if", "stage:load.per_sample_ms > +25%"]  # fmt: skip
 
 
 def test_a_slower_run_fails_the_gate_and_the_table_says_why(runs):
