@@ -164,8 +164,10 @@ def test_the_fetch_fix_names_latency_or_transfer_as_measured(slow):
     # fix's promise, and larger objects share the wait further
     assert [w["samples_per_request"] for w in objects] == [8, 32, 128]
     assert objects[0]["samples_per_s"] == ev["samples_per_s_batched"]
+    # (no faster than the rest of the loader allows: on a loaded machine 32 and 128 samples a
+    # request both reached the main process's own rate, 571 samples/s, once)
     rates = [w["samples_per_s"] for w in objects]
-    assert rates[0] < rates[1] < rates[2], rates
+    assert rates[0] < rates[1] <= rates[2], rates
     assert all(w["now_samples_per_request"] == 1.0 and w["workers"] == 2 for w in objects)
     # and 2, 4, 8 requests in flight a worker (a pool over a batch's samples; followed at 4
     # and 8 by benchmarks/fetch_batched.py): n in flight wait for their first bytes together

@@ -100,8 +100,11 @@ def test_the_same_numbers_as_the_hand_written_profiler(tmp_path):
         means = [(a["stages"][stage]["mean_ms"], b["stages"][stage]["mean_ms"]) for a, b in pairs]
         gaps = [abs(x / y - 1) for x, y in means if min(x, y) > 0.5]
         assert not gaps or min(gaps) <= 0.05, (stage, gaps)
+    # the injected cost: a sleep never ends early, and overshoots on a loaded machine (5.1 ms
+    # of 4 once, three tests at a time on 2 cores), so the lower bound is tight, the upper loose
+    loads = [x["stages"]["load"]["mean_ms"] for pair in pairs for x in pair]
+    assert 4 * 0.98 <= min(loads) <= 4 * 1.2 and max(loads) <= 4 * 1.5, loads
     a, b = pairs[0]
-    assert a["stages"]["load"]["mean_ms"] == pytest.approx(4, rel=0.2)  # the injected cost
     # the hand-written loop has no regions; run's are measured, not made up
     assert "Forward" in a["loop"]["regions"] and not b["loop"]["regions"]
 

@@ -297,9 +297,12 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
         assert "failed: MemoryError" in res.stdout
     else:
         assert tried["error"] is None and tried["samples_per_s"]
-    if context == "fork":  # the ladder: replayed batches run faster than any loader setting
+    if context == "fork":  # the ladder: replayed batches, no loader, the step's own rate
         rungs = {r["rung"]: r for r in data["ladder"]["rungs"]}
-        assert rungs["compute alone"]["samples_per_s"] > rungs["tuned"]["samples_per_s"]
+        # the tuned loader feeds the 4 ms step too: the two rates are within noise there
+        # (1569 and 1645 samples/s on a loaded machine once); the loader as it is, far below
+        alone = rungs["compute alone"]["samples_per_s"]
+        assert alone > 0.85 * rungs["tuned"]["samples_per_s"] and alone > 2 * base["samples_per_s"]
         assert "cold page cache" not in rungs  # it reads no file
         assert "the ceiling ladder" in res.stdout
     else:
@@ -322,15 +325,17 @@ def test_tune_finds_the_workers_a_storage_bound_loop_needs_and_proposes_the_edit
 
 
 def test_a_loop_already_at_its_best_is_left_as_it_is(tmp_path):
-    """The near miss: 8 ms of loading a batch over 2 workers and a 15 ms step; the loop is
-    compute-bound, more workers cannot make it faster and fewer would not be faster. (The script
+    """The near miss: 8 ms of loading a batch over 2 workers and a 30 ms step; the loop is
+    compute-bound, more workers cannot make it faster and fewer would not be faster. (With a
+    15 ms step, 6 workers beat 2 by 7.6 % in both rounds of a CI run: three tests at a time on 2
+    cores made a worker's batch take ~35 ms, and the loop waited for data there.) (The script
     shares its tensors through the file system already: with torch's default, passing a file
     descriptor per tensor, that strategy made this loop 10 % faster, and tune chose it. Only the
     worker count is tuned: on a loaded machine a deeper prefetch beat it by 3 % in both rounds
     of a CI run, a real gain there, and not the near miss this is.)"""
     res, data = _tune(tmp_path, "--batches", "25", "--rounds", "2", "--budget", "4m", "--no-ladder",
                       "--knobs", "num_workers",
-                      script_args=("--samples", "2048", "--load-ms", "1", "--step-ms", "15",
+                      script_args=("--samples", "2048", "--load-ms", "1", "--step-ms", "30",
                                    "--workers", "2", "--sharing", "file_system"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert not data["changed"], data["trials"]
