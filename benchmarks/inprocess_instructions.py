@@ -77,7 +77,8 @@ def child(variant: str, samples: int, batch_size: int, jpeg: str | None) -> None
 
 def count(variant: str, samples: int, args: argparse.Namespace) -> int:
     """The instructions one process of ``variant`` over ``samples`` ran, by callgrind."""
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+    out_file = os.path.join(args.keep, f"{variant}-{samples}.out") if args.keep else "/dev/null"
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable,
            __file__, "--child", variant, "--samples", str(samples),
            "--batch-size", str(args.batch_size)] + (["--jpeg", args.jpeg] if args.jpeg else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jpeg", metavar="ROOT", help="the JPEG pipeline over this folder")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--keep", metavar="DIR", help="keep callgrind's files here, to compare "
+                    "per function (callgrind_annotate)")
     ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
