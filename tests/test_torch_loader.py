@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -748,6 +749,11 @@ def test_the_batch_plan_times_compares_and_shortens_as_its_note_says(every):
         run = plan.short_run(seen, alone=True)
         assert all(chosen[seen + i][0] for i in range(run))
         assert run == SHORT_RUN_MOST or not chosen[seen + run][0]
+    # the run is looked up once and kept: asked in any order, the same answers as a fresh plan's
+    order = list(range(TIMED_FIRST, n - SHORT_RUN_MOST))
+    random.Random(0).shuffle(order)
+    fresh = {s: BatchPlan(every, sampled=True, lean=True).short_run(s, alone=True) for s in order}
+    assert [plan.short_run(s, alone=True) for s in order] == [fresh[s] for s in order]
     # a second profile recording in this process, or a pass too short to sample: all timed
     assert not any(plan.choose(s, 5, alone=False)[0] for s in range(n))
     assert plan.short_run(TIMED_FIRST + 1, alone=False) == 0

@@ -1654,6 +1654,7 @@ class BatchPlan:
         self.lean = lean  # the short path is open to it: no NVTX ranges, no copy to time
         # of the later batches, the one just before each timed one is compared with it
         self.on_at, self.compared_at = every // 2, (every // 2 - 1) % every
+        self._run = (0, -1)  # short_run's last look: no batch from [0] up to [1] is timed
 
     def choose(self, seen: int, k: int, alone: bool) -> tuple[bool, bool, bool]:
         """``(short, off, measure)`` for the batch: fetched on the short path; fetched with the
@@ -1669,15 +1670,18 @@ class BatchPlan:
         """How many batches from ``seen`` on take the short path, one after the other (NOTE
         [ The fast path ] in attach/run.py): up to the next one timed or compared, past a
         pass's first."""
-        if not (self.sampled and alone):
+        if not (self.sampled and alone) or seen < TIMED_FIRST:
             return 0
-        at = seen
-        while at - seen < SHORT_RUN_MOST and at >= TIMED_FIRST:
-            pos, paired = _place(at, self.every)
-            if paired and pos in (self.on_at, self.compared_at):
-                break
-            at += 1
-        return at - seen
+        lo, stop = self._run
+        if not lo <= seen <= stop:  # looked up once a run, not at each of its batches
+            stop = seen
+            while stop - seen < SHORT_RUN_MOST:
+                pos, paired = _place(stop, self.every)
+                if paired and pos in (self.on_at, self.compared_at):
+                    self._run = (seen, stop)
+                    break
+                stop += 1
+        return min(stop - seen, SHORT_RUN_MOST)
 
 
 def _place(seen: int, every: int) -> tuple[int, bool]:
