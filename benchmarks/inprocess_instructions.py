@@ -14,12 +14,27 @@ one batch in 32; NOTE [ The short path ] in collect/torch/loader.py). Per sample
         --batch-size 16
 
 Variants: ``plain``; ``run`` (the loader as ``pipeprof run`` profiles it: ``Run`` installed,
-regions on); ``profiler`` (``Profiler.wrap`` by hand). pipeprof's samplers are off in every
-variant (``sample_hz=0``): under callgrind a program runs about 50 times slower, and a thread
-that wakes ten times a second would run 50 times as often as it does for real. What the samplers
-cost is a rate (their CPU a second), measured apart (docs/cost.md). An instruction is not a
-second: pipeprof's code is the interpreter's, about as dense in instructions per second as the
-pipeline's own Python around small tensors, and denser than a large image's decode.
+regions on); ``profiler`` (``Profiler.wrap`` by hand). Under callgrind a program runs about 50
+times slower, so what pipeprof does by the clock happens 50 times as often a sample there:
+
+1. The samplers are off in every variant (``sample_hz=0``): a thread that wakes ten times a
+   second. What they cost is a rate (their CPU a second), measured apart (docs/cost.md).
+2. So is the hang watchdog's thread (``hang_s=0``), which wakes twice a second. callgrind runs
+   one thread at a time: a woken thread waits for the GIL until the main thread's time slice
+   ends, and each of the main thread's GIL releases (about 40 a sample here, around torch's calls)
+   signals it meanwhile. With it on, the count a sample rose by 1,500-3,900 (+0.4-1.0 %), in
+   ``pthread_cond_signal`` and in the interpreter, and moved by 0.6 % from one run to the next.
+3. A step's CPU time is read once in CPU_GAP_NS (20 ms; NOTE [ CPU training shares the cores ]
+   in profiler.py), and such a step goes through the pass's generators, not the fast path. At
+   full speed, 65-82 % of this loop's batches take the fast path; under callgrind, where a
+   batch takes half a second, every other one. ``--real`` counts the batches on the fast path
+   at full speed; ``--cpu-gap-ms`` sets the gap, so that the count of a step read and of one
+   not read are each known, and the real mix of the two is their weighted sum
+   (docs/validation/run-cost.md).
+
+An instruction is not a second: pipeprof's code is the interpreter's, about as dense in
+instructions per second as the pipeline's own Python around small tensors, and denser than a
+large image's decode.
 """
 
 from __future__ import annotations
@@ -36,10 +51,27 @@ from typing import Any
 VARIANTS = ("plain", "run", "profiler")
 
 
-def child(variant: str, samples: int, batch_size: int, jpeg: str | None) -> None:
-    """One count's process: ``samples`` through the loader, profiled as ``variant`` says."""
+def child(variant: str, samples: int, batch_size: int, jpeg: str | None,
+          cpu_gap_ms: float | None = None, fast: list[int] | None = None) -> None:
+    """One count's process: ``samples`` through the loader, profiled as ``variant`` says;
+    ``cpu_gap_ms``: the gap between the steps whose CPU is read (``CPU_GAP_NS``); ``fast``:
+    gets the count of batches fetched on the fast path (NOTE [ The fast path ])."""
     import torch
     from torch.utils.data import DataLoader
+
+    import pipeprof.profiler
+    from pipeprof.collect.torch.loader import ProfiledLoader
+
+    if cpu_gap_ms is not None:
+        pipeprof.profiler.CPU_GAP_NS = int(cpu_gap_ms * 1e6)
+    if fast is not None:
+        own = ProfiledLoader.fast_next
+
+        def counted(self: Any, short: Any) -> Any:
+            fast[0] += 1
+            return own(self, short)
+
+        ProfiledLoader.fast_next = counted  # type: ignore[method-assign]
 
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same random crops in every process
@@ -58,12 +90,12 @@ def child(variant: str, samples: int, batch_size: int, jpeg: str | None) -> None
     if variant == "profiler":
         import pipeprof
 
-        with pipeprof.Profiler(sample_hz=0) as prof:
+        with pipeprof.Profiler(sample_hz=0, hang_s=0) as prof:
             n = sum(len(x) for x, _ in prof.wrap(loader))
     else:
         from pipeprof.attach.run import Run
 
-        run = Run(sample_hz=0) if variant == "run" else None
+        run = Run(sample_hz=0, hang_s=0) if variant == "run" else None
         if run is not None:
             run.install()
         try:
@@ -75,19 +107,27 @@ def child(variant: str, samples: int, batch_size: int, jpeg: str | None) -> None
     assert n == samples, (n, samples)
 
 
-def count(variant: str, samples: int, args: argparse.Namespace) -> int:
-    """The instructions one process of ``variant`` over ``samples`` ran, by callgrind."""
+def count(variant: str, samples: int, args: argparse.Namespace, real: bool = False
+          ) -> tuple[int, int]:  # fmt: skip
+    """The instructions one process of ``variant`` over ``samples`` ran, by callgrind, and its
+    batches fetched on the fast path; ``real``: at full speed, no callgrind (instructions 0)."""
     out_file = os.path.join(args.keep, f"{variant}-{samples}.out") if args.keep else "/dev/null"
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable,
-           __file__, "--child", variant, "--samples", str(samples),
+    cmd = [sys.executable, __file__, "--child", variant, "--samples", str(samples),
            "--batch-size", str(args.batch_size)] + (["--jpeg", args.jpeg] if args.jpeg else [])
+    if args.cpu_gap_ms is not None:
+        cmd += ["--cpu-gap-ms", str(args.cpu_gap_ms)]
+    if not real:
+        cmd[:0] = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     found = re.search(r"Collected : (\d+)", out.stderr)
-    if out.returncode or found is None:
-        raise SystemExit(f"{variant} {samples}: valgrind failed\n{out.stderr[-2000:]}")
-    print(f"{variant} over {samples}: {int(found.group(1)):,} instructions", file=sys.stderr)
-    return int(found.group(1))
+    fast = re.search(r"fast path: (\d+)", out.stderr)
+    if out.returncode or fast is None or (found is None and not real):
+        raise SystemExit(f"{variant} {samples}: the child failed\n{out.stderr[-2000:]}")
+    n = int(found.group(1)) if found else 0
+    print(f"{variant} over {samples}: {n:,} instructions, {fast.group(1)} batches on the fast "
+          "path", file=sys.stderr)  # fmt: skip
+    return n, int(fast.group(1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,10 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--keep", metavar="DIR", help="keep callgrind's files here, to compare "
                     "per function (callgrind_annotate)")
+    ap.add_argument("--cpu-gap-ms", type=float, help="read the CPU time of a step this often "
+                    "(CPU_GAP_NS; default pipeprof's 20 ms)")
+    ap.add_argument("--real", action="store_true", help="no callgrind: count the batches on the "
+                    "fast path at full speed")
     ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.samples, args.batch_size, args.jpeg)
+        fast = [0]
+        child(args.child, args.samples, args.batch_size, args.jpeg, args.cpu_gap_ms, fast)
+        print(f"fast path: {fast[0]}", file=sys.stderr)
         return 0
     if args.jpeg:
         from _common import jpeg160_images
@@ -110,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         jpeg160_images(args.jpeg)
     variants = args.variants.split(",")
     jobs = [(v, n) for v in variants for n in (args.samples, 2 * args.samples)]
-    with ThreadPoolExecutor(2) as pool:  # one process a core: a count does not depend on load
-        counts = dict(zip(jobs, pool.map(lambda job: count(*job, args), jobs)))
+    with ThreadPoolExecutor(1 if args.real else 2) as pool:  # one process a core
+        found = dict(zip(jobs, pool.map(lambda job: count(*job, args, args.real), jobs)))
+    counts = {job: c for job, (c, _) in found.items()}
+    fast = {v: found[v, 2 * args.samples][1] - found[v, args.samples][1] for v in variants}
     per = {v: (counts[v, 2 * args.samples] - counts[v, args.samples]) / args.samples
            for v in variants}  # fmt: skip
-    summary: dict[str, Any] = {"instructions_per_sample": {v: round(p) for v, p in per.items()}}
-    if "plain" in per:
+    summary: dict[str, Any] = {"instructions_per_sample": {v: round(p) for v, p in per.items()},
+                               "window_batches": args.samples // args.batch_size,
+                               "window_fast_batches": fast}  # fmt: skip
+    if per.get("plain"):
         summary["extra"] = {v: round(per[v] / per["plain"] - 1, 4) for v in variants
                             if v != "plain"}  # fmt: skip
     print(json.dumps(summary, indent=1))
