@@ -234,10 +234,10 @@ def calibrated(
     model: Model, workers: int, measured: float, cpu_factor: float | None = None
 ) -> float | None:
     """The factor on the workers' wall times (``scaled_workers``, CPU × ``cpu_factor``) under
-    which ``model`` gives the ``measured`` samples/s at ``workers`` (bisection, 1/20 to 20:
+    which ``model`` gives the ``measured`` samples/s at ``workers`` (bisection, 1/100 to 100:
     throughput falls as the workers' costs grow); None where no factor in that range reaches
     it (the main process, or the hand-over, caps the model below what ran)."""
-    lo, hi = 0.05, 20.0
+    lo, hi = 0.01, 100.0  # a step that sleeps in a worker can read 20x slower there
 
     def rate(f: float) -> float:
         return throughput(scaled_workers(model, f, cpu_factor), workers)
